@@ -1,0 +1,50 @@
+//! GCRA: a token bucket kept as one timestamp, the theoretical arrival time (TAT).
+//!
+//! With interval `T` (span / count) and capacity `tau = T * burst`, a hit of cost `c` at `now`
+//! is admitted when `max(TAT, now) + c*T - now <= tau`; admitting sets TAT to that sum. From a
+//! full bucket, `burst` hits pass at once, then one per `T`.
+
+use crate::algorithm::{Quota, Retry, Verdict};
+
+pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
+    let interval = quota.interval_nanos();
+    let tau = quota.burst() * interval; // bounded by Quota::from_leaf
+    let base = tat.max(now);
+    let debt = base - now; // time the bucket needs to become full again
+    let increment = cost.checked_mul(interval);
+    let remaining_before = (tau.saturating_sub(debt)) / interval;
+    match increment {
+        Some(inc) if debt + inc <= tau => Verdict {
+            allowed: true,
+            limit: quota.burst(),
+            remaining: (tau - debt - inc) / interval,
+            reset_after: debt + inc,
+            retry: Retry::Now,
+        },
+        Some(inc) if inc <= tau => Verdict {
+            allowed: false,
+            limit: quota.burst(),
+            remaining: remaining_before,
+            reset_after: debt,
+            // Earliest t with TAT + inc - t <= tau (TAT > t here, since the hit is denied).
+            retry: Retry::After(tat + inc - tau - now),
+        },
+        _ => Verdict {
+            allowed: false,
+            limit: quota.burst(),
+            remaining: remaining_before,
+            reset_after: debt,
+            retry: Retry::Never,
+        },
+    }
+}
+
+pub(crate) fn record(quota: &Quota, tat: u64, now: u64, cost: u64) -> u64 {
+    let interval = quota.interval_nanos();
+    let tau = quota.burst() * interval;
+    // A denied hit recorded anyway adds debt, but never more than one window beyond a full
+    // bucket: counting denied attempts delays an abuser, it must not lock them out forever.
+    let ceiling = now + tau + quota.window_nanos();
+    let inc = cost.saturating_mul(interval);
+    tat.max(now).saturating_add(inc).min(ceiling)
+}

@@ -1,0 +1,206 @@
+//! Evaluating a rule tree over its leaves' states in one step.
+//!
+//! Each leaf judges the hit on its own; the tree combines the judgements (`or` is reached when
+//! any child is, `and` only when every child is). An admitted hit is recorded in every leaf;
+//! a denied one in none, unless the policy counts denied attempts. Stores call this with the
+//! states locked (or inside one script), so check and record are one atomic step.
+
+use std::time::Duration;
+
+use crate::algorithm::{Quota, Retry, State, Verdict};
+use crate::decision::{Decision, Denial};
+use crate::penalty::{Penalty, PenaltyState};
+use crate::rule::Shape;
+
+/// Which hits change the states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Recording {
+    /// Record admitted hits: an ordinary check.
+    Admitted,
+    /// Record every hit, denied ones too (login protection), and strike penalties.
+    Always,
+    /// Record nothing: a peek.
+    Never,
+}
+
+/// Everything about one hit except the states and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct Evaluation<'a> {
+    pub shape: &'a Shape,
+    pub quotas: &'a [Quota],
+    pub cost: u64,
+    pub recording: Recording,
+    pub penalty: Option<&'a Penalty>,
+}
+
+/// A decision and whether any state changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    pub changed: bool,
+}
+
+/// Decides one hit at `now` and updates `states` (one per quota, same order) and the
+/// penalty record as the decision requires.
+pub fn evaluate(
+    evaluation: &Evaluation<'_>,
+    states: &mut [State],
+    penalty: Option<&mut PenaltyState>,
+    now: u64,
+) -> Outcome {
+    let Evaluation {
+        shape,
+        quotas,
+        cost,
+        recording,
+        ..
+    } = *evaluation;
+    assert_eq!(quotas.len(), states.len(), "one state per quota");
+
+    if let (Some(config), Some(record)) = (evaluation.penalty, penalty.as_deref())
+        && let Some(wait) = config.remaining(record, now)
+    {
+        let verdict = quotas[0].verdict(&states[0], now, 0);
+        let decision = Decision {
+            allowed: false,
+            limit: verdict.limit,
+            remaining: 0,
+            reset_after: Duration::from_nanos(verdict.reset_after.max(wait)),
+            retry_after: Some(Duration::from_nanos(wait)),
+            denial: Some(Denial::Penalized),
+            leaf: 0,
+        };
+        return Outcome {
+            decision,
+            changed: false,
+        };
+    }
+
+    let verdicts: Vec<Verdict> = quotas
+        .iter()
+        .zip(states.iter())
+        .map(|(quota, state)| quota.verdict(state, now, cost))
+        .collect();
+    let root = fold(shape, &verdicts);
+    let mut decision = if root.reached {
+        let mut d = Decision::from_verdict(&verdicts[root.retry_leaf], root.retry_leaf);
+        d.allowed = false;
+        (d.retry_after, d.denial) = match root.retry {
+            Retry::After(n) => (Some(Duration::from_nanos(n)), Some(Denial::Limited)),
+            Retry::Never => (None, Some(Denial::CostExceedsCapacity)),
+            Retry::Now => unreachable!("a reached node has a retry time"),
+        };
+        d.remaining = root.remaining;
+        d
+    } else {
+        let mut d = Decision::from_verdict(&verdicts[root.remaining_leaf], root.remaining_leaf);
+        d.remaining = root.remaining;
+        d
+    };
+
+    let record = match recording {
+        Recording::Admitted => decision.allowed,
+        Recording::Always => true,
+        Recording::Never => false,
+    };
+    if record {
+        for (quota, state) in quotas.iter().zip(states.iter_mut()) {
+            quota.record(state, now, cost);
+        }
+    }
+    let mut changed = record;
+    if let (Some(config), Some(record), Some(Denial::Limited)) =
+        (evaluation.penalty, penalty, decision.denial)
+        && recording != Recording::Never
+    {
+        let wait = config.strike(record, now);
+        changed = true;
+        if decision.retry_after.is_none_or(|r| r.as_nanos() < wait as u128) {
+            decision.retry_after = Some(Duration::from_nanos(wait));
+            decision.reset_after = decision.reset_after.max(Duration::from_nanos(wait));
+            decision.denial = Some(Denial::Penalized);
+        }
+    }
+    Outcome { decision, changed }
+}
+
+/// A subtree's combined judgement.
+struct Node {
+    reached: bool,
+    /// When the subtree stops being reached (meaningful only if reached).
+    retry: Retry,
+    retry_leaf: usize,
+    /// Cost-1 hits left before the subtree is reached.
+    remaining: u64,
+    remaining_leaf: usize,
+}
+
+fn later(a: Retry, b: Retry) -> bool {
+    match (a, b) {
+        (Retry::Never, _) => false,
+        (_, Retry::Never) => true,
+        (Retry::After(x), Retry::After(y)) => y > x,
+        (Retry::Now, _) => true,
+        (_, Retry::Now) => false,
+    }
+}
+
+fn fold(shape: &Shape, verdicts: &[Verdict]) -> Node {
+    match shape {
+        Shape::Leaf(i) => Node {
+            reached: !verdicts[*i].allowed,
+            retry: verdicts[*i].retry,
+            retry_leaf: *i,
+            remaining: verdicts[*i].remaining,
+            remaining_leaf: *i,
+        },
+        Shape::Or(children) => {
+            // Reached when any child is; clears when the last reached child clears; its
+            // headroom is the smallest child's.
+            let nodes: Vec<Node> = children.iter().map(|c| fold(c, verdicts)).collect();
+            let mut out = first_node(&nodes);
+            out.reached = nodes.iter().any(|n| n.reached);
+            for n in &nodes {
+                if n.reached && (!out_reached_set(&out) || later(out.retry, n.retry)) {
+                    (out.retry, out.retry_leaf) = (n.retry, n.retry_leaf);
+                }
+                if n.remaining < out.remaining {
+                    (out.remaining, out.remaining_leaf) = (n.remaining, n.remaining_leaf);
+                }
+            }
+            out
+        }
+        Shape::And(children) => {
+            // Reached only when every child is; clears when the first child clears; its
+            // headroom is the largest child's.
+            let nodes: Vec<Node> = children.iter().map(|c| fold(c, verdicts)).collect();
+            let mut out = first_node(&nodes);
+            out.reached = nodes.iter().all(|n| n.reached);
+            for n in &nodes {
+                if later(n.retry, out.retry) {
+                    (out.retry, out.retry_leaf) = (n.retry, n.retry_leaf);
+                }
+                if n.remaining > out.remaining {
+                    (out.remaining, out.remaining_leaf) = (n.remaining, n.remaining_leaf);
+                }
+            }
+            out
+        }
+    }
+}
+
+/// The starting point of a fold: the first child's numbers with `retry` unset (`Now`).
+fn first_node(nodes: &[Node]) -> Node {
+    let first = nodes.first().expect("groups are never empty");
+    Node {
+        reached: false,
+        retry: if first.reached { first.retry } else { Retry::Now },
+        retry_leaf: first.retry_leaf,
+        remaining: first.remaining,
+        remaining_leaf: first.remaining_leaf,
+    }
+}
+
+fn out_reached_set(node: &Node) -> bool {
+    node.retry != Retry::Now
+}

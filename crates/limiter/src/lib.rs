@@ -1,0 +1,36 @@
+//! The sluice limiter: named policies over a [`Store`] (the in-memory one here; Redis and
+//! memcached in their own crates), with penalties, a near cache of denials and clocks.
+//!
+//! ```
+//! use sluice_limiter::{Limiter, MemoryStore, Policy};
+//!
+//! # tokio_test_block(async {
+//! let limiter = Limiter::builder(MemoryStore::new())
+//!     .policy(Policy::new("login", "ip:5/m; 100/m").unwrap())
+//!     .build()
+//!     .unwrap();
+//! let checked = limiter.check("login", &[("ip", "203.0.113.9")], 1).await.unwrap();
+//! assert!(checked.decision.allowed);
+//! assert_eq!(checked.decision.remaining, 4);
+//! # });
+//! # fn tokio_test_block(f: impl std::future::Future<Output = ()>) {
+//! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod identifier;
+mod limiter;
+pub mod memory;
+mod near_cache;
+pub mod policy;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use limiter::{Checked, Error, Limiter, LimiterBuilder, Selectors};
+pub use memory::{MemoryStats, MemoryStore};
+pub use policy::{CompiledPolicy, Policy, PolicyError};
+pub use sluice_core::{Algorithm, Decision, Denial, Penalty};
+pub use store::{Hit, Store, StoreError};

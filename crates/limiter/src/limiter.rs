@@ -1,0 +1,300 @@
+//! The `Limiter`: named policies over a store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use sluice_core::{Decision, Evaluation, Recording};
+
+use crate::clock::{Clock, SystemClock};
+use crate::identifier::push_value;
+use crate::near_cache::NearCache;
+use crate::policy::{CompiledPolicy, Policy, PolicyError};
+use crate::store::{Hit, Store, StoreError};
+
+/// The answer of [`Limiter::check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// The decision as the caller should act on it. For a shadow policy, always allowed.
+    pub decision: Decision,
+    /// A shadow policy would have denied this hit.
+    pub shadow_denied: bool,
+    /// Answered by the near cache, without asking the store.
+    pub cached: bool,
+}
+
+/// Could not decide (being limited is not an error: see [`Decision`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("unknown policy `{0}`")]
+    UnknownPolicy(String),
+    #[error("policy `{policy}` needs selector `{selector}`")]
+    MissingSelector { policy: String, selector: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Error {
+    /// Whether the same call may succeed later (only store trouble can pass).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Store(e) if e.is_transient())
+    }
+}
+
+/// Selector values of one request, by name: `&[("user", "alice"), ("ip", "10.0.0.1")]`.
+pub type Selectors<'a> = [(&'a str, &'a str)];
+
+type Policies = HashMap<String, Arc<CompiledPolicy>>;
+
+/// Named policies over a [`Store`].
+pub struct Limiter<S> {
+    store: S,
+    policies: RwLock<Arc<Policies>>,
+    clock: Arc<dyn Clock>,
+    near_cache: Option<NearCache>,
+}
+
+/// Configures a [`Limiter`].
+pub struct LimiterBuilder<S> {
+    store: S,
+    policies: Vec<Policy>,
+    clock: Arc<dyn Clock>,
+    near_cache: Option<(usize, Duration)>,
+}
+
+impl<S: Store> LimiterBuilder<S> {
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// The clock the near cache runs on (the store keeps its own time).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Answers identifiers known to be denied without asking the store, remembering at most
+    /// `max_entries` denials, each for at most `max_ttl` (how late a reset made by another
+    /// process may be seen here).
+    pub fn near_cache(mut self, max_entries: usize, max_ttl: Duration) -> Self {
+        self.near_cache = Some((max_entries, max_ttl));
+        self
+    }
+
+    pub fn build(self) -> Result<Limiter<S>, PolicyError> {
+        let policies = compile_all(self.policies)?;
+        Ok(Limiter {
+            store: self.store,
+            policies: RwLock::new(Arc::new(policies)),
+            clock: self.clock,
+            near_cache: self.near_cache.map(|(n, ttl)| NearCache::new(n, ttl)),
+        })
+    }
+}
+
+fn compile_all(policies: Vec<Policy>) -> Result<Policies, PolicyError> {
+    let mut out = HashMap::new();
+    for policy in policies {
+        let compiled = CompiledPolicy::compile(policy)?;
+        out.insert(compiled.name().to_owned(), Arc::new(compiled));
+    }
+    Ok(out)
+}
+
+impl<S: Store> Limiter<S> {
+    pub fn builder(store: S) -> LimiterBuilder<S> {
+        LimiterBuilder {
+            store,
+            policies: Vec::new(),
+            clock: Arc::new(SystemClock::new()),
+            near_cache: None,
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+        self.policies.read().get(name).cloned()
+    }
+
+    /// Every policy, sorted by name.
+    pub fn policies(&self) -> Vec<Arc<CompiledPolicy>> {
+        let mut all: Vec<_> = self.policies.read().values().cloned().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+
+    /// Replaces every policy at once. Counters are kept: a policy whose leaves are unchanged
+    /// keeps counting where it was. On error nothing changes.
+    pub fn replace_policies(&self, policies: Vec<Policy>) -> Result<(), PolicyError> {
+        let compiled = compile_all(policies)?;
+        *self.policies.write() = Arc::new(compiled);
+        if let Some(cache) = &self.near_cache {
+            cache.clear();
+        }
+        Ok(())
+    }
+
+    /// Decides a hit of `cost` on `policy` and records it. Cost 0 checks without recording.
+    pub async fn check(&self, policy: &str, selectors: &Selectors<'_>, cost: u64) -> Result<Checked, Error> {
+        let policy = self.lookup(policy)?;
+        let recording = if policy.policy.count_denied {
+            Recording::Always
+        } else {
+            Recording::Admitted
+        };
+        self.decide(&policy, selectors, cost, recording).await
+    }
+
+    /// What a hit of `cost` would get, recording nothing.
+    pub async fn peek(&self, policy: &str, selectors: &Selectors<'_>, cost: u64) -> Result<Checked, Error> {
+        let policy = self.lookup(policy)?;
+        self.decide(&policy, selectors, cost, Recording::Never).await
+    }
+
+    /// Pardon: clears the counters and the penalty of the keys `selectors` name. A leaf is
+    /// cleared when all its selectors are given; global leaves only when `selectors` is empty.
+    pub async fn reset(&self, policy: &str, selectors: &Selectors<'_>) -> Result<(), Error> {
+        let policy = self.lookup(policy)?;
+        let mut ids = Vec::new();
+        for leaf in &policy.leaves {
+            let names = leaf.leaf.selector.names();
+            if names.is_empty() != selectors.is_empty() {
+                continue;
+            }
+            if let Ok(id) = leaf_identifier(&policy, leaf, selectors) {
+                ids.push(id);
+            }
+        }
+        if let Ok(Some(id)) = penalty_identifier(&policy, selectors) {
+            ids.push(id);
+        }
+        self.store.reset(&ids).await?;
+        if let Some(cache) = &self.near_cache {
+            cache.clear();
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, name: &str) -> Result<Arc<CompiledPolicy>, Error> {
+        self.policy(name)
+            .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
+    }
+
+    async fn decide(
+        &self,
+        policy: &CompiledPolicy,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Result<Checked, Error> {
+        let identifiers = policy
+            .leaves
+            .iter()
+            .map(|leaf| leaf_identifier(policy, leaf, selectors))
+            .collect::<Result<Vec<_>, _>>()?;
+        let penalty_id = penalty_identifier(policy, selectors)?;
+        // Denials counted by the store must reach it, so count-denied policies skip the cache.
+        let cache = self
+            .near_cache
+            .as_ref()
+            .filter(|_| recording == Recording::Admitted && cost > 0);
+        if let Some(cache) = cache
+            && let Some(decision) = cache.get(&identifiers, cost, self.clock.now())
+        {
+            return Ok(finish(policy, decision, true));
+        }
+        let hit = Hit {
+            identifiers: &identifiers,
+            evaluation: Evaluation {
+                shape: &policy.shape,
+                quotas: &policy.quotas,
+                cost,
+                recording,
+                penalty: policy.policy.penalty.as_ref(),
+            },
+            penalty_identifier: penalty_id.as_deref(),
+        };
+        let decision = self.store.decide(&hit).await?;
+        if let Some(cache) = cache
+            && !decision.allowed
+        {
+            cache.remember(&identifiers, cost, &decision, self.clock.now());
+        }
+        Ok(finish(policy, decision, false))
+    }
+}
+
+fn finish(policy: &CompiledPolicy, mut decision: Decision, cached: bool) -> Checked {
+    let shadow_denied = policy.policy.shadow && !decision.allowed;
+    if shadow_denied {
+        decision.allowed = true;
+        decision.retry_after = None;
+        decision.denial = None;
+    }
+    Checked {
+        decision,
+        shadow_denied,
+        cached,
+    }
+}
+
+fn value<'a>(policy: &CompiledPolicy, selectors: &Selectors<'a>, name: &str) -> Result<&'a str, Error> {
+    selectors
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| Error::MissingSelector {
+            policy: policy.name().to_owned(),
+            selector: name.to_owned(),
+        })
+}
+
+fn leaf_identifier(
+    policy: &CompiledPolicy,
+    leaf: &crate::policy::CompiledLeaf,
+    selectors: &Selectors<'_>,
+) -> Result<String, Error> {
+    let mut id = String::with_capacity(leaf.prefix.len() + leaf.suffix.len() + 24);
+    id.push_str(&leaf.prefix);
+    let names = leaf.leaf.selector.names();
+    if names.is_empty() {
+        id.push('*');
+    }
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            id.push('+');
+        }
+        push_value(&mut id, value(policy, selectors, name)?);
+    }
+    id.push_str(&leaf.suffix);
+    Ok(id)
+}
+
+fn penalty_identifier(policy: &CompiledPolicy, selectors: &Selectors<'_>) -> Result<Option<String>, Error> {
+    if policy.policy.penalty.is_none() {
+        return Ok(None);
+    }
+    let mut id = policy.penalty_prefix.clone();
+    if policy.penalty_names.is_empty() {
+        id.push('*');
+    }
+    for (i, name) in policy.penalty_names.iter().enumerate() {
+        if i > 0 {
+            id.push('+');
+        }
+        push_value(&mut id, value(policy, selectors, name)?);
+    }
+    Ok(Some(id))
+}

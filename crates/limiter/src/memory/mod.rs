@@ -1,0 +1,350 @@
+//! The in-memory store: sharded, bounded, and lock-free for GCRA's one-word state.
+//!
+//! Each shard is a table behind a reader-writer lock. A single-leaf GCRA hit, the hot path,
+//! takes the shared lock and updates the state word with compare-and-swap, so hits on any
+//! identifiers, the same one included, never wait for each other. Everything else (other
+//! algorithms, compound rules, penalties, new identifiers) takes the exclusive locks of the
+//! shards involved, in shard order, and so is one atomic step.
+
+mod table;
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use sluice_core::{Algorithm, Decision, PenaltyState, Recording, State, evaluate};
+
+use crate::clock::{Clock, SystemClock};
+use crate::store::{Hit, Store, StoreError};
+use table::{Cell, CellValue, Table};
+
+/// Default bound on identifiers held.
+pub const DEFAULT_MAX_IDENTIFIERS: usize = 1 << 22;
+
+/// Counts the memory store keeps about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStats {
+    /// Identifiers held now.
+    pub identifiers: usize,
+    /// The bound on identifiers.
+    pub capacity: usize,
+    /// Live states evicted to respect the bound (their clients start afresh).
+    pub evictions: u64,
+    /// Expired states dropped (no effect on any decision).
+    pub expired: u64,
+}
+
+/// State in this process's memory. Cheap to clone (clones share the same state).
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[RwLock<Table>]>,
+    shard_cap: usize,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+    evictions: AtomicU64,
+    expired: AtomicU64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock holding at most [`DEFAULT_MAX_IDENTIFIERS`].
+    pub fn new() -> MemoryStore {
+        MemoryStore::builder().build()
+    }
+
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_identifiers: DEFAULT_MAX_IDENTIFIERS,
+            shards: 64,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        let inner = &self.inner;
+        MemoryStats {
+            identifiers: inner.shards.iter().map(|s| s.read().len()).sum(),
+            capacity: inner.shard_cap * inner.shards.len(),
+            evictions: inner.evictions.load(Ordering::Relaxed),
+            expired: inner.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Drops every state that has expired. Optional: full shards also do it on insert.
+    pub fn sweep(&self) {
+        let now = self.inner.clock.now();
+        for shard in self.inner.shards.iter() {
+            let dropped = shard.write().drop_expired(now);
+            self.inner.expired.fetch_add(dropped, Ordering::Relaxed);
+        }
+    }
+
+    /// Decides a hit synchronously (the memory store never waits on anything but its locks).
+    pub fn decide_now(&self, hit: &Hit<'_>) -> Decision {
+        let now = self.inner.clock.now();
+        let ev = &hit.evaluation;
+        if hit.identifiers.len() == 1
+            && ev.quotas[0].algorithm() == Algorithm::Gcra
+            && ev.penalty.is_none()
+        {
+            self.decide_word(&hit.identifiers[0], hit, now)
+        } else {
+            self.decide_locked(hit, now)
+        }
+    }
+
+    fn hash(&self, id: &str) -> u64 {
+        self.inner.hasher.hash_one(id)
+    }
+
+    /// Bits above those hashbrown uses for buckets (low) and tags (top 7) pick the shard.
+    fn shard_of(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & (self.inner.shards.len() - 1)
+    }
+
+    /// The hot path: one GCRA leaf, one state word, compare-and-swap under a shared lock.
+    fn decide_word(&self, id: &str, hit: &Hit<'_>, now: u64) -> Decision {
+        let ev = &hit.evaluation;
+        let quota = &ev.quotas[0];
+        let hash = self.hash(id);
+        let shard = &self.inner.shards[self.shard_of(hash)];
+        {
+            let table = shard.read();
+            if let Some(word) = table.word(hash, id) {
+                let mut tat = word.load(Ordering::Acquire);
+                loop {
+                    let state = State::Gcra { tat };
+                    let verdict = quota.verdict(&state, now, ev.cost);
+                    let decision = Decision::from_verdict(&verdict, 0);
+                    if !should_record(ev.recording, verdict.allowed) {
+                        return decision;
+                    }
+                    let mut next = state;
+                    quota.record(&mut next, now, ev.cost);
+                    let State::Gcra { tat: next } = next else {
+                        unreachable!("a GCRA quota records GCRA state")
+                    };
+                    match word.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => return decision,
+                        Err(seen) => tat = seen,
+                    }
+                }
+            }
+        }
+        // Unknown identifier: decide on a fresh state; only store it if something is recorded.
+        let fresh = quota.fresh_state();
+        let verdict = quota.verdict(&fresh, now, ev.cost);
+        if !should_record(ev.recording, verdict.allowed) {
+            return Decision::from_verdict(&verdict, 0);
+        }
+        self.decide_locked(hit, now)
+    }
+
+    /// The general path: exclusive locks on every shard involved, in shard order.
+    fn decide_locked(&self, hit: &Hit<'_>, now: u64) -> Decision {
+        let ev = &hit.evaluation;
+        let ids: Vec<&str> = hit
+            .identifiers
+            .iter()
+            .map(String::as_str)
+            .chain(hit.penalty_identifier)
+            .collect();
+        let hashes: Vec<u64> = ids.iter().map(|id| self.hash(id)).collect();
+        let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<_> = order.iter().map(|&i| (i, self.inner.shards[i].write())).collect();
+        let table_of = |hash: u64| -> usize {
+            let shard = self.shard_of(hash);
+            guards.iter().position(|(i, _)| *i == shard).expect("locked above")
+        };
+        let slots: Vec<usize> = hashes.iter().map(|&h| table_of(h)).collect();
+
+        let leaves = hit.identifiers.len();
+        let mut states: Vec<State> = (0..leaves)
+            .map(|i| {
+                let table = &mut guards[slots[i]].1;
+                take_state(table, hashes[i], ids[i], &ev.quotas[i])
+            })
+            .collect();
+        let mut penalty: Option<PenaltyState> = hit.penalty_identifier.map(|id| {
+            let table = &mut guards[slots[leaves]].1;
+            take_penalty(table, hashes[leaves], id)
+        });
+
+        let outcome = evaluate(ev, &mut states, penalty.as_mut(), now);
+
+        let mut swept = table::Swept::default();
+        for (i, state) in states.into_iter().enumerate() {
+            let table = &mut guards[slots[i]].1;
+            let expires_at = ev.quotas[i].expires_at(&state);
+            if expires_at <= now {
+                table.remove(hashes[i], ids[i]);
+                continue;
+            }
+            let more = put_state(table, hashes[i], ids[i], state, expires_at, self, now);
+            swept.expired += more.expired;
+            swept.evicted += more.evicted;
+        }
+        if let (Some(record), Some(config)) = (penalty, ev.penalty) {
+            let table = &mut guards[slots[leaves]].1;
+            let expires_at = config.expires_at(&record);
+            if expires_at <= now {
+                table.remove(hashes[leaves], ids[leaves]);
+            } else {
+                let value = CellValue::Penalty(record);
+                let more = put_cell(table, hashes[leaves], ids[leaves], value, expires_at, self, now);
+                swept.expired += more.expired;
+                swept.evicted += more.evicted;
+            }
+        }
+        drop(guards);
+        self.inner.expired.fetch_add(swept.expired, Ordering::Relaxed);
+        self.inner.evictions.fetch_add(swept.evicted, Ordering::Relaxed);
+        outcome.decision
+    }
+}
+
+fn should_record(recording: Recording, allowed: bool) -> bool {
+    match recording {
+        Recording::Admitted => allowed,
+        Recording::Always => true,
+        Recording::Never => false,
+    }
+}
+
+/// Moves a leaf's state out of the table (a fresh one if absent or of another algorithm).
+fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota) -> State {
+    if quota.algorithm() == Algorithm::Gcra {
+        if let Some(word) = table.word(hash, id) {
+            return State::Gcra {
+                tat: word.load(Ordering::Acquire),
+            };
+        }
+    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| &**k == id)
+        && let CellValue::Leaf(state) = &mut cell.value
+        && quota.fits(state)
+    {
+        return std::mem::replace(state, State::Gcra { tat: 0 });
+    }
+    quota.fresh_state()
+}
+
+fn take_penalty(table: &mut Table, hash: u64, id: &str) -> PenaltyState {
+    match table.cells.find(hash, |(k, _)| &**k == id) {
+        Some((_, Cell { value: CellValue::Penalty(p), .. })) => *p,
+        _ => PenaltyState::default(),
+    }
+}
+
+fn put_state(
+    table: &mut Table,
+    hash: u64,
+    id: &str,
+    state: State,
+    expires_at: u64,
+    store: &MemoryStore,
+    now: u64,
+) -> table::Swept {
+    match state {
+        State::Gcra { tat } => {
+            if let Some(word) = table.word(hash, id) {
+                word.store(tat, Ordering::Release);
+                return table::Swept::default();
+            }
+            let swept = table.make_room(store.inner.shard_cap, now);
+            let hasher = |(k, _): &(Box<str>, AtomicU64)| store.hash(k);
+            table.words.insert_unique(hash, (id.into(), AtomicU64::new(tat)), hasher);
+            swept
+        }
+        other => put_cell(table, hash, id, CellValue::Leaf(other), expires_at, store, now),
+    }
+}
+
+fn put_cell(
+    table: &mut Table,
+    hash: u64,
+    id: &str,
+    value: CellValue,
+    expires_at: u64,
+    store: &MemoryStore,
+    now: u64,
+) -> table::Swept {
+    if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| &**k == id) {
+        *cell = Cell { value, expires_at };
+        return table::Swept::default();
+    }
+    let swept = table.make_room(store.inner.shard_cap, now);
+    let hasher = |(k, _): &(Box<str>, Cell)| store.hash(k);
+    table
+        .cells
+        .insert_unique(hash, (id.into(), Cell { value, expires_at }), hasher);
+    swept
+}
+
+impl Store for MemoryStore {
+    async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
+        Ok(self.decide_now(hit))
+    }
+
+    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+        for id in identifiers {
+            let hash = self.hash(id);
+            self.inner.shards[self.shard_of(hash)].write().remove(hash, id);
+        }
+        Ok(())
+    }
+}
+
+/// Configures a [`MemoryStore`].
+pub struct MemoryStoreBuilder {
+    max_identifiers: usize,
+    shards: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStoreBuilder {
+    /// Bound on identifiers held (at least 1). When full, expired states go first, then
+    /// the states that expire soonest.
+    pub fn max_identifiers(mut self, max: usize) -> Self {
+        self.max_identifiers = max.max(1);
+        self
+    }
+
+    /// Number of shards, rounded down to a power of two (at least 1).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    pub fn build(self) -> MemoryStore {
+        // Power of two, and never more shards than identifiers, so each holds at least one.
+        let wanted = self.shards.min(self.max_identifiers);
+        let shards = 1usize << (usize::BITS - 1 - wanted.leading_zeros());
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| RwLock::new(Table::default())).collect(),
+                shard_cap: self.max_identifiers / shards,
+                hasher: foldhash::fast::RandomState::default(),
+                clock: self.clock,
+                evictions: AtomicU64::new(0),
+                expired: AtomicU64::new(0),
+            }),
+        }
+    }
+}

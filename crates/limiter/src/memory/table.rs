@@ -1,0 +1,101 @@
+//! One shard of the memory store: GCRA states as bare atomic words, every other state as a
+//! plain cell, and the bound on how many identifiers the shard holds.
+//!
+//! Memory: a GCRA identifier costs one 24-byte slot (boxed key pointer and length, and the
+//! state word) in an open-addressing table, plus one control byte, plus the key's own heap
+//! allocation. Tables grow by doubling, so at a given moment between 1x and 2x that.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::HashTable;
+use sluice_core::{PenaltyState, State};
+
+/// A state other than a GCRA word, with the time from which it is equivalent to fresh.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    pub(crate) value: CellValue,
+    pub(crate) expires_at: u64,
+}
+
+#[derive(Debug)]
+pub(crate) enum CellValue {
+    Leaf(State),
+    Penalty(PenaltyState),
+}
+
+#[derive(Default)]
+pub(crate) struct Table {
+    pub(crate) words: HashTable<(Box<str>, AtomicU64)>,
+    pub(crate) cells: HashTable<(Box<str>, Cell)>,
+}
+
+/// What making room did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Swept {
+    pub(crate) expired: u64,
+    pub(crate) evicted: u64,
+}
+
+impl Table {
+    pub(crate) fn len(&self) -> usize {
+        self.words.len() + self.cells.len()
+    }
+
+    pub(crate) fn word(&self, hash: u64, id: &str) -> Option<&AtomicU64> {
+        self.words.find(hash, |(k, _)| &**k == id).map(|(_, w)| w)
+    }
+
+    /// Removes `id` wherever it is. Returns whether it was present.
+    pub(crate) fn remove(&mut self, hash: u64, id: &str) -> bool {
+        let word = self.words.find_entry(hash, |(k, _)| &**k == id).map(|e| e.remove());
+        let cell = self.cells.find_entry(hash, |(k, _)| &**k == id).map(|e| e.remove());
+        word.is_ok() || cell.is_ok()
+    }
+
+    /// Drops states that are equivalent to fresh at `now`.
+    pub(crate) fn drop_expired(&mut self, now: u64) -> u64 {
+        let before = self.len();
+        self.words.retain(|(_, w)| w.load(Ordering::Relaxed) > now);
+        self.cells.retain(|(_, c)| c.expires_at > now);
+        (before - self.len()) as u64
+    }
+
+    /// Makes room for one more identifier under a bound of `cap`: first drops what has
+    /// expired, then, if still full, evicts the eighth of the shard that expires soonest
+    /// (the idlest: state that nobody has touched for longest drains first).
+    pub(crate) fn make_room(&mut self, cap: usize, now: u64) -> Swept {
+        let mut swept = Swept::default();
+        if self.len() < cap {
+            return swept;
+        }
+        swept.expired = self.drop_expired(now);
+        if self.len() < cap {
+            return swept;
+        }
+        let mut expiries: Vec<u64> = self
+            .words
+            .iter()
+            .map(|(_, w)| w.load(Ordering::Relaxed))
+            .chain(self.cells.iter().map(|(_, c)| c.expires_at))
+            .collect();
+        let evict = (cap / 8).max(self.len() + 1 - cap).min(expiries.len());
+        let (_, &mut threshold, _) = expiries.select_nth_unstable(evict - 1);
+        // Everything strictly below the threshold goes; ties at it go until `evict` is met.
+        let mut ties = evict - expiries.iter().filter(|&&e| e < threshold).count();
+        let mut keep = |expiry: u64| {
+            if expiry < threshold {
+                return false;
+            }
+            if expiry == threshold && ties > 0 {
+                ties -= 1;
+                return false;
+            }
+            true
+        };
+        let before = self.len();
+        self.words.retain(|(_, w)| keep(w.load(Ordering::Relaxed)));
+        self.cells.retain(|(_, c)| keep(c.expires_at));
+        swept.evicted = (before - self.len()) as u64;
+        swept
+    }
+}

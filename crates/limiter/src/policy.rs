@@ -1,0 +1,216 @@
+//! Policies: a named rule with its key, namespace, defaults, penalty and flags, compiled once
+//! into the quotas and identifier parts every hit needs.
+
+use std::fmt::Write;
+
+use sluice_core::algorithm::QuotaError;
+use sluice_core::parse::RuleError;
+use sluice_core::{Algorithm, Leaf, Penalty, Quota, Rule, Shape};
+
+/// Namespace used when a policy names none.
+pub const DEFAULT_NAMESPACE: &str = "sluice";
+
+/// A named rule and how to apply it. Build with [`Policy::new`], adjust with the setters,
+/// then hand it to a [`crate::Limiter`], which validates it once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub name: String,
+    pub rule: Rule,
+    /// The protected operation; policies with the same key share counters. Default: the name.
+    pub key: Option<String>,
+    pub namespace: Option<String>,
+    /// Algorithm for leaves that name none.
+    pub algorithm: Algorithm,
+    pub penalty: Option<Penalty>,
+    /// Decide and record as usual, but admit every hit (and report what would have happened).
+    pub shadow: bool,
+    /// Denied attempts count too (login protection).
+    pub count_denied: bool,
+}
+
+impl Policy {
+    /// A policy named `name` enforcing `rule` (rule-language text).
+    pub fn new(name: impl Into<String>, rule: &str) -> Result<Policy, PolicyError> {
+        let name = name.into();
+        let rule = rule.parse().map_err(|error| PolicyError::Rule {
+            policy: name.clone(),
+            error,
+        })?;
+        Ok(Policy::from_rule(name, rule))
+    }
+
+    pub fn from_rule(name: impl Into<String>, rule: Rule) -> Policy {
+        Policy {
+            name: name.into(),
+            rule,
+            key: None,
+            namespace: None,
+            algorithm: Algorithm::default(),
+            penalty: None,
+            shadow: false,
+            count_denied: false,
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+    pub fn penalty(mut self, penalty: Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
+    }
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+    pub fn count_denied(mut self, count_denied: bool) -> Self {
+        self.count_denied = count_denied;
+        self
+    }
+}
+
+/// Why a policy cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    #[error("policy `{policy}`: rule: {error}")]
+    Rule { policy: String, error: RuleError },
+    #[error("policy `{policy}`: leaf `{leaf}`: {error}")]
+    Quota {
+        policy: String,
+        leaf: String,
+        error: QuotaError,
+    },
+    #[error("policy `{policy}`: leaf `{leaf}` appears twice; one counter cannot serve two leaves")]
+    DuplicateLeaf { policy: String, leaf: String },
+    #[error(
+        "`{0}` is not a valid name (1 to 128 characters, no `:`, `{{`, `}}`, whitespace or control characters)"
+    )]
+    BadName(String),
+}
+
+/// A leaf ready for hits: its selector names, quota and the identifier's fixed parts.
+#[derive(Debug, Clone)]
+pub struct CompiledLeaf {
+    pub leaf: Leaf,
+    pub quota: Quota,
+    /// `namespace:key:selector:` — the selector values follow.
+    pub(crate) prefix: String,
+    /// `:rate[~options]`, after the values.
+    pub(crate) suffix: String,
+}
+
+/// A validated policy.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    pub policy: Policy,
+    pub leaves: Vec<CompiledLeaf>,
+    pub quotas: Vec<Quota>,
+    pub shape: Shape,
+    /// Selector names of the penalty record: every name the rule uses, sorted.
+    pub(crate) penalty_names: Vec<String>,
+    pub(crate) penalty_prefix: String,
+}
+
+fn check_name(name: &str) -> Result<(), PolicyError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name
+            .chars()
+            .any(|c| matches!(c, ':' | '{' | '}') || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(PolicyError::BadName(name.to_owned()))
+    }
+}
+
+impl CompiledPolicy {
+    pub fn compile(policy: Policy) -> Result<CompiledPolicy, PolicyError> {
+        check_name(&policy.name)?;
+        let key = policy.key.clone().unwrap_or_else(|| policy.name.clone());
+        let namespace = policy
+            .namespace
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+        check_name(&key)?;
+        check_name(&namespace)?;
+
+        let mut leaves: Vec<CompiledLeaf> = Vec::new();
+        for leaf in policy.rule.leaves() {
+            let quota = Quota::from_leaf(leaf, policy.algorithm).map_err(|error| PolicyError::Quota {
+                policy: policy.name.clone(),
+                leaf: leaf.to_string(),
+                error,
+            })?;
+            let selector = if leaf.selector.is_global() {
+                "*".to_owned()
+            } else {
+                leaf.selector.to_string()
+            };
+            let prefix = format!("{namespace}:{key}:{selector}:");
+            let suffix = leaf_suffix(leaf, &quota);
+            if leaves.iter().any(|l| l.prefix == prefix && l.suffix == suffix) {
+                return Err(PolicyError::DuplicateLeaf {
+                    policy: policy.name.clone(),
+                    leaf: leaf.to_string(),
+                });
+            }
+            leaves.push(CompiledLeaf {
+                leaf: leaf.clone(),
+                quota,
+                prefix,
+                suffix,
+            });
+        }
+        let mut penalty_names: Vec<String> = leaves
+            .iter()
+            .flat_map(|l| l.leaf.selector.names().iter().cloned())
+            .collect();
+        penalty_names.sort();
+        penalty_names.dedup();
+        let penalty_selector = if penalty_names.is_empty() {
+            "*".to_owned()
+        } else {
+            penalty_names.join("+")
+        };
+        Ok(CompiledPolicy {
+            quotas: leaves.iter().map(|l| l.quota).collect(),
+            shape: policy.rule.shape(),
+            penalty_prefix: format!("{namespace}:{key}:penalty:{penalty_selector}:"),
+            penalty_names,
+            leaves,
+            policy,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.policy.name
+    }
+}
+
+/// `:10/s`, plus `~` options that change the meaning of the state (algorithm, burst, windows).
+fn leaf_suffix(leaf: &Leaf, quota: &Quota) -> String {
+    let mut suffix = format!(":{}", leaf.rate);
+    if quota.algorithm() != Algorithm::Gcra {
+        let _ = write!(suffix, "~{}", quota.algorithm());
+    }
+    if quota.algorithm() == Algorithm::Gcra && quota.burst() != quota.limit() {
+        let _ = write!(suffix, "~b{}", quota.burst());
+    }
+    if quota.algorithm() == Algorithm::SlidingWindow
+        && quota.windows() != sluice_core::algorithm::DEFAULT_WINDOWS
+    {
+        let _ = write!(suffix, "~w{}", quota.windows());
+    }
+    suffix
+}
