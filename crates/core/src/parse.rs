@@ -1,0 +1,432 @@
+//! Reading the rule language (grammar in [`crate::rule`]) into validated [`Rule`]s.
+//!
+//! ```
+//! use sluice_core::parse::parse_rule;
+//!
+//! let rule = parse_rule("ip:10/s; user:100/5m burst=20").unwrap();
+//! assert_eq!(rule.to_string(), "or(ip:10/s, user:100/5m burst=20)");
+//!
+//! let err = parse_rule("10/x").unwrap_err();
+//! assert_eq!(err.column, 4);
+//! ```
+//!
+//! Every error, syntactic or semantic, names the column of the offending token so a config
+//! loader can point at it in one line.
+
+use std::str::FromStr;
+
+use crate::algorithm::Algorithm;
+use crate::rate::{MAX_COUNT, Rate, RateError, Span, Unit};
+use crate::rule::{
+    Leaf, LeafOptions, MAX_DEPTH, MAX_LEAVES, MAX_NAME_LEN, MAX_WINDOWS, Rule, Selector,
+    is_valid_name,
+};
+
+/// Why a rule (or a rate) could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("column {column}: expected {expected}, found {found}")]
+pub struct RuleError {
+    /// Column of the offending token, counted in characters from 1.
+    pub column: usize,
+    /// What would have been accepted there: `a count`, `` `)` or `,` ``, `end of rule`.
+    pub expected: String,
+    /// The offending token in double quotes (long tokens cut short), or `end of input`.
+    pub found: String,
+}
+
+/// Reads a rule. A top-level list `a; b` becomes `Rule::Or([a, b])`; a single rule stays as is.
+pub fn parse_rule(text: &str) -> Result<Rule, RuleError> {
+    Parser::new(text).rules()
+}
+
+impl FromStr for Rule {
+    type Err = RuleError;
+
+    fn from_str(text: &str) -> Result<Rule, RuleError> {
+        parse_rule(text)
+    }
+}
+
+/// Reads just `count/span`: `10/s`, `100/5m`, `2/hour`.
+impl FromStr for Rate {
+    type Err = RuleError;
+
+    fn from_str(text: &str) -> Result<Rate, RuleError> {
+        let mut parser = Parser::new(text);
+        let rate = parser.rate()?;
+        parser.expect_end("end of rate")?;
+        Ok(rate)
+    }
+}
+
+const UNIT: &str = "a unit (s, m, h, d, w, y or a long name)";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A name: selector, keyword, unit, option or algorithm.
+    Word,
+    /// Decimal digits, optionally grouped by `_`.
+    Number,
+    /// One of `/ : + ( ) , ; =`.
+    Punct,
+    /// Any other character, kept so errors can show it.
+    Other,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Token<'a> {
+    kind: Kind,
+    text: &'a str,
+    /// First column, from 1, in characters.
+    column: usize,
+    /// The column just after the token.
+    end: usize,
+}
+
+fn lex(text: &str) -> Vec<Token<'_>> {
+    let bytes = text.as_bytes();
+    let mut tokens = Vec::new();
+    let (mut at, mut column) = (0, 1);
+    while let Some(c) = text[at..].chars().next() {
+        let (kind, len) = if c.is_ascii_digit() {
+            (Kind::Number, number_len(&bytes[at..]))
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let word = bytes[at..]
+                .iter()
+                .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            (Kind::Word, word.count())
+        } else if "/:+(),;=".contains(c) {
+            (Kind::Punct, 1)
+        } else {
+            (Kind::Other, c.len_utf8())
+        };
+        // Only Other tokens can hold non-ASCII characters, and they hold exactly one.
+        let width = if c.is_ascii() { len } else { 1 };
+        if !c.is_whitespace() {
+            let text = &text[at..at + len];
+            tokens.push(Token {
+                kind,
+                text,
+                column,
+                end: column + width,
+            });
+        }
+        at += len;
+        column += width;
+    }
+    tokens
+}
+
+/// Digits, with `_` allowed only between two digits (`1_000`).
+fn number_len(bytes: &[u8]) -> usize {
+    let mut len = 0;
+    while let Some(&b) = bytes.get(len) {
+        if b.is_ascii_digit() {
+            len += 1;
+        } else if b == b'_' && bytes.get(len + 1).is_some_and(u8::is_ascii_digit) {
+            len += 2;
+        } else {
+            break;
+        }
+    }
+    len
+}
+
+/// The value of a number token, or `None` if it does not fit in a u64.
+fn number_value(text: &str) -> Option<u64> {
+    text.bytes().filter(|&b| b != b'_').try_fold(0u64, |n, b| {
+        n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+/// The token as shown in an error: quoted, escaped, and short enough for one line.
+fn quote(text: &str) -> String {
+    const MAX_CHARS: usize = 32;
+    match text.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{:?}", format!("{}…", &text[..cut])),
+        None => format!("{text:?}"),
+    }
+}
+
+fn error_at(token: Token<'_>, expected: impl Into<String>) -> RuleError {
+    RuleError {
+        column: token.column,
+        expected: expected.into(),
+        found: quote(token.text),
+    }
+}
+
+fn too_deep(keyword: Token<'_>) -> RuleError {
+    error_at(keyword, format!("groups nested at most {MAX_DEPTH} deep"))
+}
+
+#[derive(Default)]
+struct Parser<'a> {
+    tokens: Vec<Token<'a>>,
+    next: usize,
+    leaves: usize,
+    /// The first group opened at the deepest level allowed: a top-level list adds one more
+    /// level (it is an `or`), so such a group may not share the top level with other rules.
+    deepest: Option<Token<'a>>,
+}
+
+impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Parser<'a> {
+        let tokens = lex(text);
+        Parser {
+            tokens,
+            ..Parser::default()
+        }
+    }
+
+    fn peek(&self) -> Option<Token<'a>> {
+        self.tokens.get(self.next).copied()
+    }
+
+    /// Takes the next token if it is the punctuation `punct`.
+    fn eat(&mut self, punct: &str) -> bool {
+        let found = self
+            .peek()
+            .is_some_and(|t| t.kind == Kind::Punct && t.text == punct);
+        self.next += usize::from(found);
+        found
+    }
+
+    /// Takes the next token if it is of `kind`.
+    fn take(&mut self, kind: Kind) -> Option<Token<'a>> {
+        let token = self.peek().filter(|t| t.kind == kind)?;
+        self.next += 1;
+        Some(token)
+    }
+
+    /// An error at the next token, or at the end of the last one if there is none.
+    fn error_here(&self, expected: impl Into<String>) -> RuleError {
+        match self.peek() {
+            Some(token) => error_at(token, expected),
+            None => RuleError {
+                column: self.tokens.last().map_or(1, |t| t.end),
+                expected: expected.into(),
+                found: "end of input".to_owned(),
+            },
+        }
+    }
+
+    fn expect_end(&self, expected: &str) -> Result<(), RuleError> {
+        match self.peek() {
+            Some(_) => Err(self.error_here(expected)),
+            None => Ok(()),
+        }
+    }
+
+    fn rules(&mut self) -> Result<Rule, RuleError> {
+        let mut rules = vec![self.rule(0)?];
+        while self.eat(";") {
+            if self.peek().is_none() {
+                break; // a trailing `;`
+            }
+            if let Some(keyword) = self.deepest {
+                return Err(too_deep(keyword));
+            }
+            rules.push(self.rule(1)?);
+        }
+        self.expect_end("`;` or end of rule")?;
+        Ok(if rules.len() == 1 {
+            rules.swap_remove(0)
+        } else {
+            Rule::Or(rules)
+        })
+    }
+
+    /// A group or a leaf inside `depth` groups.
+    fn rule(&mut self, depth: usize) -> Result<Rule, RuleError> {
+        let Some(first) = self.peek() else {
+            return Err(self.error_here("a rule"));
+        };
+        let opens_group = self
+            .tokens
+            .get(self.next + 1)
+            .is_some_and(|t| t.text == "(");
+        if first.kind != Kind::Word || !opens_group {
+            return self.leaf();
+        }
+        let is_or = first.text.eq_ignore_ascii_case("or");
+        if !is_or && !first.text.eq_ignore_ascii_case("and") {
+            return Err(error_at(first, "`or` or `and` before `(`"));
+        }
+        let depth = depth + 1;
+        if depth > MAX_DEPTH {
+            return Err(too_deep(first));
+        }
+        if depth == MAX_DEPTH && self.deepest.is_none() {
+            self.deepest = Some(first);
+        }
+        self.next += 2;
+        let mut children = vec![self.rule(depth)?];
+        while self.eat(",") {
+            children.push(self.rule(depth)?);
+        }
+        if !self.eat(")") {
+            return Err(self.error_here("`)` or `,`"));
+        }
+        Ok(if is_or {
+            Rule::Or(children)
+        } else {
+            Rule::And(children)
+        })
+    }
+
+    fn leaf(&mut self) -> Result<Rule, RuleError> {
+        let start = match self.peek() {
+            Some(t) if matches!(t.kind, Kind::Word | Kind::Number) => t,
+            _ => return Err(self.error_here("a rule")),
+        };
+        self.leaves += 1;
+        if self.leaves > MAX_LEAVES {
+            return Err(error_at(
+                start,
+                format!("at most {MAX_LEAVES} leaves in one rule"),
+            ));
+        }
+        let selector = match start.kind {
+            Kind::Word => self.selector()?,
+            _ => Selector::global(),
+        };
+        let rate = self.rate()?;
+        let options = self.options()?;
+        Ok(Rule::Leaf(Leaf {
+            selector,
+            rate,
+            options,
+        }))
+    }
+
+    /// `name(+name)*:`
+    fn selector(&mut self) -> Result<Selector, RuleError> {
+        let mut names: Vec<&str> = Vec::new();
+        let mut first = None;
+        loop {
+            let Some(name) = self.take(Kind::Word) else {
+                return Err(self.error_here("a selector name"));
+            };
+            first = first.or(Some(name));
+            if !is_valid_name(name.text) {
+                let expected = format!("a selector name of at most {MAX_NAME_LEN} characters");
+                return Err(error_at(name, expected));
+            }
+            if names.contains(&name.text) {
+                return Err(error_at(
+                    name,
+                    "a selector name not already in this selector",
+                ));
+            }
+            names.push(name.text);
+            if self.eat(":") {
+                break;
+            }
+            if !self.eat("+") {
+                return Err(self.error_here("`:` or `+`"));
+            }
+        }
+        // The checks above mirror Selector::new; should they ever drift, still no panic.
+        Selector::new(names).map_err(|err| RuleError {
+            column: first.map_or(1, |t| t.column),
+            expected: "a valid selector".to_owned(),
+            found: err.to_string(),
+        })
+    }
+
+    /// `count/[multiplier]unit`
+    fn rate(&mut self) -> Result<Rate, RuleError> {
+        let (count, count_token) = self.number("a count", MAX_COUNT)?;
+        if !self.eat("/") {
+            return Err(self.error_here("`/`"));
+        }
+        let multiplier = self.take(Kind::Number);
+        // The multiplier and unit form one word (`5m`), so no space may come between them.
+        let unit = match self.peek() {
+            Some(t) if t.kind == Kind::Word && multiplier.is_none_or(|m| m.end == t.column) => t,
+            _ if multiplier.is_some() => {
+                return Err(self.error_here(format!("{UNIT} right after the number")));
+            }
+            _ => return Err(self.error_here(UNIT)),
+        };
+        self.next += 1;
+        let unit_value = Unit::from_name(unit.text).ok_or_else(|| error_at(unit, UNIT))?;
+        let span = match multiplier {
+            None => Span::new(1, unit_value),
+            // A multiplier too big for a u64 is simply a span far too long.
+            Some(m) => number_value(m.text)
+                .map_or(Err(RateError::SpanTooLong), |n| Span::new(n, unit_value)),
+        };
+        let span = span.map_err(|err| RuleError {
+            column: multiplier.unwrap_or(unit).column,
+            expected: acceptable(&err),
+            found: quote(&format!(
+                "{}{}",
+                multiplier.map_or("", |m| m.text),
+                unit.text
+            )),
+        })?;
+        Rate::new(count, span).map_err(|err| error_at(count_token, acceptable(&err)))
+    }
+
+    /// `name=value`, each option at most once.
+    fn options(&mut self) -> Result<LeafOptions, RuleError> {
+        let mut options = LeafOptions::default();
+        while let Some(name) = self.take(Kind::Word) {
+            let key = name.text.to_ascii_lowercase();
+            let (canonical, given) = match key.as_str() {
+                "burst" => ("burst", options.burst.is_some()),
+                "algorithm" | "algo" => ("algorithm", options.algorithm.is_some()),
+                "windows" => ("windows", options.windows.is_some()),
+                _ => return Err(error_at(name, "an option (burst, algorithm or windows)")),
+            };
+            if given {
+                return Err(error_at(name, format!("at most one `{canonical}` option")));
+            }
+            if !self.eat("=") {
+                return Err(self.error_here("`=`"));
+            }
+            match canonical {
+                "burst" => options.burst = Some(self.number("a burst size", MAX_COUNT)?.0),
+                "windows" => {
+                    let (windows, _) = self.number("a number of windows", MAX_WINDOWS.into())?;
+                    options.windows = u32::try_from(windows).ok(); // at most MAX_WINDOWS: fits
+                }
+                _ => options.algorithm = Some(self.algorithm()?),
+            }
+        }
+        Ok(options)
+    }
+
+    fn algorithm(&mut self) -> Result<Algorithm, RuleError> {
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        let expected = format!("an algorithm ({})", names.join(", "));
+        match self.take(Kind::Word) {
+            Some(token) => {
+                Algorithm::from_name(token.text).ok_or_else(|| error_at(token, expected))
+            }
+            None => Err(self.error_here(expected)),
+        }
+    }
+
+    /// A number from 1 to `max`, called `what` ("a count") in errors.
+    fn number(&mut self, what: &str, max: u64) -> Result<(u64, Token<'a>), RuleError> {
+        let Some(token) = self.take(Kind::Number) else {
+            return Err(self.error_here(what));
+        };
+        match number_value(token.text) {
+            Some(n) if (1..=max).contains(&n) => Ok((n, token)),
+            _ => Err(error_at(token, format!("{what} from 1 to {max}"))),
+        }
+    }
+}
+
+/// What would have been accepted instead of the value [`Rate`] or [`Span`] refused.
+fn acceptable(err: &RateError) -> String {
+    match err {
+        RateError::ZeroCount | RateError::CountTooLarge => format!("a count from 1 to {MAX_COUNT}"),
+        RateError::ZeroSpan => "a span of at least one unit".to_owned(),
+        RateError::SpanTooLong => "a span of at most ten years".to_owned(),
+    }
+}
