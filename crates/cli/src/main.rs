@@ -1,0 +1,246 @@
+//! `sluice`: distributed rate limiting as a service and a command-line tool.
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sluice_cli::store_url::StoreChoice;
+use sluice_cli::{config, http, output, simulate, store_url};
+use sluice_core::{Algorithm, Rule};
+use sluice_limiter::{Limiter, MemoryStore, Policy};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Distributed rate limiting")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the rate limiting service (HTTP/JSON).
+    Serve {
+        /// Policies file (TOML). Without it the service starts with no policies.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Where counters live: memory:// (the default).
+        #[arg(long, default_value = "memory://")]
+        store: String,
+    },
+    /// Decide one hit on a fresh in-memory store and print the decision as JSON.
+    Check {
+        #[arg(long)]
+        rule: String,
+        /// Algorithm for leaves that name none.
+        #[arg(long, default_value = "gcra")]
+        algorithm: Algorithm,
+        /// A selector value, as name=value; repeat for several.
+        #[arg(long = "selector", value_name = "NAME=VALUE")]
+        selectors: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+    },
+    /// Replay a CSV trace (t, selector columns, optional cost) on a virtual clock.
+    Simulate {
+        #[arg(long)]
+        rule: String,
+        #[arg(long)]
+        trace: PathBuf,
+        #[arg(long, default_value = "gcra")]
+        algorithm: Algorithm,
+    },
+    /// Check a policies file and report the first error with its file, line and field.
+    Validate {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+/// Exit code for input the user must fix (bad rule, config or trace).
+const INVALID_INPUT: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { config, listen, store } => serve(config, listen, &store),
+        Command::Check { rule, algorithm, selectors, cost } => check(&rule, algorithm, &selectors, cost),
+        Command::Simulate { rule, trace, algorithm } => run_simulation(&rule, &trace, algorithm),
+        Command::Validate { config } => validate(&config),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses a rule, or prints the parser's message under the rule with a caret and fails.
+fn parse_rule(text: &str) -> Result<Rule, ExitCode> {
+    text.parse::<Rule>().map_err(|e| {
+        eprintln!("sluice: invalid rule: {e}");
+        eprintln!("  {text}");
+        eprintln!("  {}^", " ".repeat(e.column.saturating_sub(1)));
+        ExitCode::from(INVALID_INPUT)
+    })
+}
+
+fn check(rule: &str, algorithm: Algorithm, selectors: &[String], cost: u64) -> anyhow::Result<ExitCode> {
+    let rule = match parse_rule(rule) {
+        Ok(rule) => rule,
+        Err(code) => return Ok(code),
+    };
+    let mut pairs = Vec::new();
+    for s in selectors {
+        match s.split_once('=') {
+            Some((name, value)) => pairs.push((name, value)),
+            None => {
+                eprintln!("sluice: selector `{s}` is not name=value");
+                return Ok(ExitCode::from(INVALID_INPUT));
+            }
+        }
+    }
+    let policy = Policy::from_rule("check", rule).algorithm(algorithm);
+    let limiter = match Limiter::builder(MemoryStore::new()).policy(policy).build() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return Ok(ExitCode::from(INVALID_INPUT));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    match runtime.block_on(limiter.check("check", &pairs, cost)) {
+        Ok(checked) => {
+            let compiled = limiter.policy("check").expect("added above");
+            println!("{}", output::decision_json(&compiled, &checked));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            Ok(ExitCode::from(INVALID_INPUT))
+        }
+    }
+}
+
+fn run_simulation(rule: &str, trace: &PathBuf, algorithm: Algorithm) -> anyhow::Result<ExitCode> {
+    let rule = match parse_rule(rule) {
+        Ok(rule) => rule,
+        Err(code) => return Ok(code),
+    };
+    let file = std::fs::File::open(trace).with_context(|| format!("cannot open {}", trace.display()))?;
+    let policy = Policy::from_rule("simulate", rule).algorithm(algorithm);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = simulate::simulate(policy, std::io::BufReader::new(file), &mut out);
+    out.flush()?;
+    match result {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(simulate::TraceError::Io(e)) => Err(e.into()),
+        Err(e) => {
+            eprintln!("sluice: {}: {e}", trace.display());
+            Ok(ExitCode::from(INVALID_INPUT))
+        }
+    }
+}
+
+fn validate(path: &PathBuf) -> anyhow::Result<ExitCode> {
+    match config::load(path) {
+        Ok(config) => {
+            println!("{}: ok, {} policies", path.display(), config.policies.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            Ok(ExitCode::from(INVALID_INPUT))
+        }
+    }
+}
+
+fn serve(config_path: Option<PathBuf>, listen: SocketAddr, store: &str) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let policies = match &config_path {
+        Some(path) => match config::load(path) {
+            Ok(c) => c.policies,
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                return Ok(ExitCode::from(INVALID_INPUT));
+            }
+        },
+        None => {
+            tracing::warn!("no --config given: serving with no policies");
+            Vec::new()
+        }
+    };
+    let store = match store_url::open(store) {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("sluice: --store: {message}");
+            return Ok(ExitCode::from(INVALID_INPUT));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let StoreChoice::Memory(memory) = store;
+        let count = policies.len();
+        let limiter = Arc::new(Limiter::builder(memory.clone()).policies(policies).build()?);
+        // Expired state is dropped in the background so idle identifiers free their memory.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                memory.sweep();
+            }
+        });
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let address = listener.local_addr()?;
+        // One plain line on stdout, so scripts and tests can find the port of `--listen :0`.
+        println!("sluice listening on http://{address}");
+        std::io::stdout().flush()?;
+        tracing::info!(%address, policies = count, "serving");
+        http::serve(listener, http::router(limiter), shutdown_signal()).await?;
+        tracing::info!("shut down cleanly");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

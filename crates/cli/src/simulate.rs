@@ -1,0 +1,182 @@
+//! `sluice simulate`: replays a CSV trace on a virtual clock. The same trace always gives the
+//! same answer.
+//!
+//! The trace has a header: `t` (seconds from the start, decimal, non-decreasing), one column
+//! per selector name, and an optional `cost` column (empty = 1).
+
+use std::io::{Read, Write};
+
+use serde_json::json;
+use sluice_limiter::{Limiter, ManualClock, MemoryStore, Policy};
+
+use crate::output::decision_json;
+
+/// Why a trace cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("trace: {0}")]
+    Csv(#[from] csv::Error),
+    #[error("trace line {line}: {message}")]
+    Line { line: u64, message: String },
+    #[error("trace: {0}")]
+    Header(String),
+    #[error("{0}")]
+    Policy(#[from] sluice_limiter::PolicyError),
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Totals of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Summary {
+    pub requests: u64,
+    pub allowed: u64,
+    pub denied: u64,
+}
+
+/// Parses non-negative decimal seconds (`12`, `0.25`, at most 9 decimals) into nanoseconds.
+pub fn parse_seconds(text: &str) -> Result<u64, String> {
+    let bad = || format!("`{text}` is not a time in seconds (like `0`, `1.5`; at most 9 decimals)");
+    let (whole, fraction) = text.trim().split_once('.').unwrap_or((text.trim(), ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() && fraction.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 9 {
+        return Err(bad());
+    }
+    let whole: u64 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| bad())? };
+    let mut nanos: u64 = 0;
+    for (i, b) in fraction.bytes().enumerate() {
+        nanos += u64::from(b - b'0') * 10u64.pow(8 - i as u32);
+    }
+    whole
+        .checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(nanos))
+        .ok_or_else(bad)
+}
+
+/// Replays `trace` against `policy`, writing one JSON line per request and a summary line.
+pub fn simulate(policy: Policy, trace: impl Read, out: &mut impl Write) -> Result<Summary, TraceError> {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let limiter = Limiter::builder(store)
+        .clock(clock.clone())
+        .policy(policy.clone())
+        .build()?;
+    let compiled = limiter.policy(&policy.name).expect("just added");
+
+    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(trace);
+    let headers = reader.headers()?.clone();
+    let t_column = headers
+        .iter()
+        .position(|h| h == "t")
+        .ok_or_else(|| TraceError::Header("the header has no `t` column".into()))?;
+    let cost_column = headers.iter().position(|h| h == "cost");
+    for leaf in &compiled.leaves {
+        for name in leaf.leaf.selector.names() {
+            if !headers.iter().any(|h| h == name) {
+                return Err(TraceError::Header(format!("no column for selector `{name}`")));
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(TraceError::Io)?;
+
+    let mut summary = Summary::default();
+    let mut last = 0u64;
+    for record in reader.records() {
+        let record = record?;
+        let line = record.position().map_or(0, |p| p.line());
+        let fail = |message: String| TraceError::Line { line, message };
+        let t_text = record.get(t_column).unwrap_or("");
+        let t = parse_seconds(t_text).map_err(fail)?;
+        if t < last {
+            return Err(fail(format!("t = {t_text} goes back in time")));
+        }
+        last = t;
+        let cost = match cost_column.and_then(|c| record.get(c)).filter(|c| !c.is_empty()) {
+            None => 1,
+            Some(c) => c
+                .parse::<u64>()
+                .map_err(|_| fail(format!("cost `{c}` is not a whole number")))?,
+        };
+        let selectors: Vec<(&str, &str)> = headers
+            .iter()
+            .zip(record.iter())
+            .enumerate()
+            .filter(|(i, _)| *i != t_column && Some(*i) != cost_column)
+            .map(|(_, pair)| pair)
+            .collect();
+        clock.set(t);
+        let checked = runtime
+            .block_on(limiter.check(&policy.name, &selectors, cost))
+            .map_err(|e| fail(e.to_string()))?;
+        let mut line_json = json!({ "t": serde_json::from_str::<serde_json::Value>(t_text.trim_end_matches('.')).unwrap_or(json!(t_text)) });
+        if let (Some(obj), serde_json::Value::Object(fields)) =
+            (line_json.as_object_mut(), decision_json(&compiled, &checked))
+        {
+            obj.extend(fields);
+        }
+        writeln!(out, "{line_json}")?;
+        summary.requests += 1;
+        if checked.decision.allowed {
+            summary.allowed += 1;
+        } else {
+            summary.denied += 1;
+        }
+    }
+    let total = json!({ "summary": {
+        "requests": summary.requests,
+        "allowed": summary.allowed,
+        "denied": summary.denied,
+    }});
+    writeln!(out, "{total}")?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("0"), Ok(0));
+        assert_eq!(parse_seconds("1.5"), Ok(1_500_000_000));
+        assert_eq!(parse_seconds(".000000001"), Ok(1));
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("1e3").is_err());
+        assert!(parse_seconds("1.0000000001").is_err());
+        assert!(parse_seconds("").is_err());
+        assert!(parse_seconds("99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn replays_deterministically() {
+        let trace = "t,user\n0,a\n0,a\n0,a\n0.5,a\n1,a\n1,b\n";
+        let policy = Policy::new("sim", "user:2/s").unwrap();
+        let mut out = Vec::new();
+        let summary = simulate(policy.clone(), trace.as_bytes(), &mut out).unwrap();
+        assert_eq!(summary, Summary { requests: 6, allowed: 4, denied: 2 });
+        let mut again = Vec::new();
+        simulate(policy, trace.as_bytes(), &mut again).unwrap();
+        assert_eq!(out, again);
+        let lines: Vec<serde_json::Value> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[2]["allowed"], false);
+        assert_eq!(lines[2]["retry_after"], 0.5);
+        assert_eq!(lines[3]["allowed"], true);
+        assert_eq!(lines[6]["summary"]["denied"], 2);
+    }
+
+    #[test]
+    fn rejects_bad_traces() {
+        let policy = Policy::new("sim", "user:2/s").unwrap();
+        let run = |trace: &str| simulate(policy.clone(), trace.as_bytes(), &mut Vec::new()).unwrap_err().to_string();
+        assert!(run("time,user\n0,a\n").contains("no `t` column"));
+        assert!(run("t,ip\n0,a\n").contains("selector `user`"));
+        assert!(run("t,user\n1,a\n0,a\n").contains("line 3"));
+        assert!(run("t,user,cost\n0,a,-1\n").contains("cost"));
+    }
+}
