@@ -151,11 +151,13 @@ mod tests {
 
     #[test]
     fn replays_deterministically() {
-        let trace = "t,user\n0,a\n0,a\n0,a\n0.5,a\n1,a\n1,b\n";
+        // 2/s is one hit per 0.5 s with a burst of 2: the third hit at 0 waits 0.5 s, the one
+        // at 0.5 takes that token, and at 1 the next one has refilled; a fourth at 1 is denied.
+        let trace = "t,user\n0,a\n0,a\n0,a\n0.5,a\n1,a\n1,a\n1,b\n";
         let policy = Policy::new("sim", "user:2/s").unwrap();
         let mut out = Vec::new();
         let summary = simulate(policy.clone(), trace.as_bytes(), &mut out).unwrap();
-        assert_eq!(summary, Summary { requests: 6, allowed: 4, denied: 2 });
+        assert_eq!(summary, Summary { requests: 7, allowed: 5, denied: 2 });
         let mut again = Vec::new();
         simulate(policy, trace.as_bytes(), &mut again).unwrap();
         assert_eq!(out, again);
@@ -167,7 +169,11 @@ mod tests {
         assert_eq!(lines[2]["allowed"], false);
         assert_eq!(lines[2]["retry_after"], 0.5);
         assert_eq!(lines[3]["allowed"], true);
-        assert_eq!(lines[6]["summary"]["denied"], 2);
+        assert_eq!(lines[4]["allowed"], true);
+        assert_eq!(lines[5]["allowed"], false);
+        assert_eq!(lines[5]["retry_after"], 0.5);
+        assert_eq!(lines[6]["allowed"], true, "another user has its own counter");
+        assert_eq!(lines[7]["summary"]["denied"], 2);
     }
 
     #[test]

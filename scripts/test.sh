@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace. Installs what the tests need where it is missing
+# (Debian packages: redis-server, redis-tools, memcached, curl); tests start their own
+# servers on free ports and stop them by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v memcached >/dev/null || missing+=(memcached)
+command -v curl >/dev/null || missing+=(curl)
+if ((${#missing[@]})); then
+    echo "test.sh: installing ${missing[*]}" >&2
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cargo test --workspace --locked "$@"
