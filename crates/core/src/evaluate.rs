@@ -15,9 +15,10 @@ use crate::rule::Shape;
 /// Which hits change the states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Recording {
-    /// Record admitted hits: an ordinary check.
+    /// Record admitted hits: an ordinary check. (With either recording mode, a hit the rule
+    /// limits also strikes the policy's penalty; a peek never does.)
     Admitted,
-    /// Record every hit, denied ones too (login protection), and strike penalties.
+    /// Record every hit, denied ones too (login protection).
     Always,
     /// Record nothing: a peek.
     Never,
@@ -76,13 +77,54 @@ pub fn evaluate(
         };
     }
 
+    let mut decision = decide(shape, quotas, states, now, cost);
+
+    let record = match recording {
+        Recording::Admitted => decision.allowed,
+        Recording::Always => true,
+        Recording::Never => false,
+    };
+    if record {
+        for (quota, state) in quotas.iter().zip(states.iter_mut()) {
+            quota.record(state, now, cost);
+        }
+        if !decision.allowed {
+            // A denied hit that counts makes the wait longer: report the wait of the recorded
+            // states, or a client retrying exactly at `retry_after` would be denied forever.
+            let recorded = decide(shape, quotas, states, now, cost);
+            if !recorded.allowed {
+                decision = recorded;
+            }
+        }
+    }
+    let mut changed = record;
+    if let (Some(config), Some(record), Some(Denial::Limited)) =
+        (evaluation.penalty, penalty, decision.denial)
+        && recording != Recording::Never
+    {
+        let wait = config.strike(record, now);
+        changed = true;
+        if decision
+            .retry_after
+            .is_none_or(|r| r.as_nanos() < wait as u128)
+        {
+            decision.retry_after = Some(Duration::from_nanos(wait));
+            decision.reset_after = decision.reset_after.max(Duration::from_nanos(wait));
+            decision.denial = Some(Denial::Penalized);
+        }
+    }
+    Outcome { decision, changed }
+}
+
+/// The decision the tree makes on a hit of `cost` at `now`, from the leaves' verdicts.
+fn decide(shape: &Shape, quotas: &[Quota], states: &[State], now: u64, cost: u64) -> Decision {
     let verdicts: Vec<Verdict> = quotas
         .iter()
         .zip(states.iter())
         .map(|(quota, state)| quota.verdict(state, now, cost))
         .collect();
     let root = fold(shape, &verdicts);
-    let mut decision = if root.reached {
+    if root.reached {
         let mut d = Decision::from_verdict(&verdicts[root.retry_leaf], root.retry_leaf);
         d.allowed = false;
         (d.retry_after, d.denial) = match root.retry {
@@ -94,34 +136,11 @@ pub fn evaluate(
         d
     } else {
         let mut d = Decision::from_verdict(&verdicts[root.remaining_leaf], root.remaining_leaf);
+        // The reporting leaf may itself be reached (inside an `and`); the tree is not.
+        (d.allowed, d.retry_after, d.denial) = (true, None, None);
         d.remaining = root.remaining;
         d
-    };
-
-    let record = match recording {
-        Recording::Admitted => decision.allowed,
-        Recording::Always => true,
-        Recording::Never => false,
-    };
-    if record {
-        for (quota, state) in quotas.iter().zip(states.iter_mut()) {
-            quota.record(state, now, cost);
-        }
     }
-    let mut changed = record;
-    if let (Some(config), Some(record), Some(Denial::Limited)) =
-        (evaluation.penalty, penalty, decision.denial)
-        && recording != Recording::Never
-    {
-        let wait = config.strike(record, now);
-        changed = true;
-        if decision.retry_after.is_none_or(|r| r.as_nanos() < wait as u128) {
-            decision.retry_after = Some(Duration::from_nanos(wait));
-            decision.reset_after = decision.reset_after.max(Duration::from_nanos(wait));
-            decision.denial = Some(Denial::Penalized);
-        }
-    }
-    Outcome { decision, changed }
 }
 
 /// A subtree's combined judgement.
@@ -194,7 +213,11 @@ fn first_node(nodes: &[Node]) -> Node {
     let first = nodes.first().expect("groups are never empty");
     Node {
         reached: false,
-        retry: if first.reached { first.retry } else { Retry::Now },
+        retry: if first.reached {
+            first.retry
+        } else {
+            Retry::Now
+        },
         retry_leaf: first.retry_leaf,
         remaining: first.remaining,
         remaining_leaf: first.remaining_leaf,

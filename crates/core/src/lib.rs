@@ -32,7 +32,7 @@ pub mod rule;
 pub use algorithm::{Algorithm, Quota, Retry, State, Verdict};
 pub use decision::{Decision, Denial};
 pub use evaluate::{Evaluation, Outcome, Recording, evaluate};
+pub use parse::{RuleError, parse_rule};
 pub use penalty::{Penalty, PenaltyState};
 pub use rate::{Rate, RateError, Span, Unit};
-pub use parse::{RuleError, parse_rule};
 pub use rule::{Leaf, LeafOptions, Rule, Selector, Shape};

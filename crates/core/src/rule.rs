@@ -164,9 +164,7 @@ impl Rule {
                     Shape::Leaf(*next - 1)
                 }
                 Rule::Or(children) => Shape::Or(children.iter().map(|c| walk(c, next)).collect()),
-                Rule::And(children) => {
-                    Shape::And(children.iter().map(|c| walk(c, next)).collect())
-                }
+                Rule::And(children) => Shape::And(children.iter().map(|c| walk(c, next)).collect()),
             }
         }
         walk(self, &mut 0)

@@ -18,9 +18,9 @@ pub const MAX_PLAIN_VALUE: usize = 64;
 pub fn push_value(out: &mut String, value: &str) {
     let plain = !value.is_empty()
         && value.len() <= MAX_PLAIN_VALUE
-        && !value
-            .chars()
-            .any(|c| matches!(c, ':' | '+' | '{' | '}' | '#') || c.is_whitespace() || c.is_control());
+        && !value.chars().any(|c| {
+            matches!(c, ':' | '+' | '{' | '}' | '#') || c.is_whitespace() || c.is_control()
+        });
     if plain {
         out.push_str(value);
     } else {

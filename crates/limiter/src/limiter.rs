@@ -147,7 +147,12 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Decides a hit of `cost` on `policy` and records it. Cost 0 checks without recording.
-    pub async fn check(&self, policy: &str, selectors: &Selectors<'_>, cost: u64) -> Result<Checked, Error> {
+    pub async fn check(
+        &self,
+        policy: &str,
+        selectors: &Selectors<'_>,
+        cost: u64,
+    ) -> Result<Checked, Error> {
         let policy = self.lookup(policy)?;
         let recording = if policy.policy.count_denied {
             Recording::Always
@@ -158,9 +163,15 @@ impl<S: Store> Limiter<S> {
     }
 
     /// What a hit of `cost` would get, recording nothing.
-    pub async fn peek(&self, policy: &str, selectors: &Selectors<'_>, cost: u64) -> Result<Checked, Error> {
+    pub async fn peek(
+        &self,
+        policy: &str,
+        selectors: &Selectors<'_>,
+        cost: u64,
+    ) -> Result<Checked, Error> {
         let policy = self.lookup(policy)?;
-        self.decide(&policy, selectors, cost, Recording::Never).await
+        self.decide(&policy, selectors, cost, Recording::Never)
+            .await
     }
 
     /// Pardon: clears the counters and the penalty of the keys `selectors` name. A leaf is
@@ -250,7 +261,11 @@ fn finish(policy: &CompiledPolicy, mut decision: Decision, cached: bool) -> Chec
     }
 }
 
-fn value<'a>(policy: &CompiledPolicy, selectors: &Selectors<'a>, name: &str) -> Result<&'a str, Error> {
+fn value<'a>(
+    policy: &CompiledPolicy,
+    selectors: &Selectors<'a>,
+    name: &str,
+) -> Result<&'a str, Error> {
     selectors
         .iter()
         .find(|(n, _)| *n == name)
@@ -282,7 +297,10 @@ fn leaf_identifier(
     Ok(id)
 }
 
-fn penalty_identifier(policy: &CompiledPolicy, selectors: &Selectors<'_>) -> Result<Option<String>, Error> {
+fn penalty_identifier(
+    policy: &CompiledPolicy,
+    selectors: &Selectors<'_>,
+) -> Result<Option<String>, Error> {
     if policy.policy.penalty.is_none() {
         return Ok(None);
     }

@@ -82,7 +82,8 @@ impl NearCache {
         }
         let hash = self.hash(ids);
         let mut shard = self.shards[hash as usize % SHARDS].lock();
-        if let Some(entry) = shard.find_mut(hash, |e| e.hash == hash && Self::matches(&e.key, ids)) {
+        if let Some(entry) = shard.find_mut(hash, |e| e.hash == hash && Self::matches(&e.key, ids))
+        {
             entry.decided_at = now;
             entry.until = now + ttl;
             entry.cost = cost;

@@ -147,11 +147,12 @@ impl CompiledPolicy {
 
         let mut leaves: Vec<CompiledLeaf> = Vec::new();
         for leaf in policy.rule.leaves() {
-            let quota = Quota::from_leaf(leaf, policy.algorithm).map_err(|error| PolicyError::Quota {
-                policy: policy.name.clone(),
-                leaf: leaf.to_string(),
-                error,
-            })?;
+            let quota =
+                Quota::from_leaf(leaf, policy.algorithm).map_err(|error| PolicyError::Quota {
+                    policy: policy.name.clone(),
+                    leaf: leaf.to_string(),
+                    error,
+                })?;
             let selector = if leaf.selector.is_global() {
                 "*".to_owned()
             } else {
@@ -159,7 +160,10 @@ impl CompiledPolicy {
             };
             let prefix = format!("{namespace}:{key}:{selector}:");
             let suffix = leaf_suffix(leaf, &quota);
-            if leaves.iter().any(|l| l.prefix == prefix && l.suffix == suffix) {
+            if leaves
+                .iter()
+                .any(|l| l.prefix == prefix && l.suffix == suffix)
+            {
                 return Err(PolicyError::DuplicateLeaf {
                     policy: policy.name.clone(),
                     leaf: leaf.to_string(),

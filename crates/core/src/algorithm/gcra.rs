@@ -14,7 +14,8 @@ pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
     let increment = cost.checked_mul(interval);
     let remaining_before = (tau.saturating_sub(debt)) / interval;
     match increment {
-        Some(inc) if debt + inc <= tau => Verdict {
+        // `inc <= tau` first: `debt + inc` can overflow when the cost is near u64::MAX.
+        Some(inc) if inc <= tau && debt <= tau - inc => Verdict {
             allowed: true,
             limit: quota.burst(),
             remaining: (tau - debt - inc) / interval,
@@ -46,5 +47,6 @@ pub(crate) fn record(quota: &Quota, tat: u64, now: u64, cost: u64) -> u64 {
     // bucket: counting denied attempts delays an abuser, it must not lock them out forever.
     let ceiling = now + tau + quota.window_nanos();
     let inc = cost.saturating_mul(interval);
-    tat.max(now).saturating_add(inc).min(ceiling)
+    // `.max(tat)`: the ceiling must never move a TAT backwards (a caller's clock may).
+    tat.max(now).saturating_add(inc).min(ceiling).max(tat)
 }

@@ -84,11 +84,16 @@ pub use quota::{DEFAULT_WINDOWS, MAX_BUCKET_NANOS, MAX_LOG_LIMIT, Quota, QuotaEr
 #[non_exhaustive]
 pub enum State {
     /// GCRA: the theoretical arrival time, in nanoseconds. 0 (or any past time) = full bucket.
-    Gcra { tat: u64 },
+    Gcra {
+        tat: u64,
+    },
     SlidingWindow(sliding_window::Counters),
     SlidingLog(sliding_log::Log),
     /// Fixed window: the window number (`now / span`) and its count.
-    FixedWindow { window: u64, count: u64 },
+    FixedWindow {
+        window: u64,
+        count: u64,
+    },
 }
 
 /// When a denied hit could pass.

@@ -32,7 +32,9 @@ pub enum QuotaError {
     BurstWithoutGcra(Algorithm),
     #[error("`windows` only applies to sliding-window, not to {0}")]
     WindowsWithoutSlidingWindow(Algorithm),
-    #[error("burst {burst} at one hit per {interval_ns} ns would take more than 100 years to drain")]
+    #[error(
+        "burst {burst} at one hit per {interval_ns} ns would take more than 100 years to drain"
+    )]
     BucketTooDeep { burst: u64, interval_ns: u64 },
     #[error("a sliding log keeps one entry per hit; a limit above {MAX_LOG_LIMIT} is too large")]
     LogTooLarge,
@@ -58,7 +60,9 @@ impl Quota {
         let interval = rate.interval_nanos();
         let burst = leaf.options.burst.unwrap_or(rate.count());
         if algorithm == Algorithm::Gcra
-            && burst.checked_mul(interval).is_none_or(|tau| tau > MAX_BUCKET_NANOS)
+            && burst
+                .checked_mul(interval)
+                .is_none_or(|tau| tau > MAX_BUCKET_NANOS)
         {
             return Err(QuotaError::BucketTooDeep {
                 burst,

@@ -34,7 +34,10 @@ impl Log {
     /// Hits still inside the window at `now`: those with `timestamp + window > now`.
     fn active(&self, quota: &Quota, now: u64) -> impl DoubleEndedIterator<Item = (u64, u64)> + '_ {
         let window = quota.window_nanos();
-        self.hits.iter().copied().filter(move |(at, _)| at + window > now)
+        self.hits
+            .iter()
+            .copied()
+            .filter(move |(at, _)| at + window > now)
     }
 
     pub(crate) fn record(&mut self, quota: &Quota, now: u64, cost: u64) {

@@ -107,7 +107,11 @@ pub(crate) fn verdict(quota: &Quota, counters: &Counters, now: u64, cost: u64) -
     let reset_at = |last: Option<u64>| last.map_or(now, |n| (n + g) * sub);
 
     if let Some(total) = used.checked_add(cost).filter(|&t| t <= limit) {
-        let last = if cost > 0 { Some(current) } else { last_nonzero };
+        let last = if cost > 0 {
+            Some(current)
+        } else {
+            last_nonzero
+        };
         return Verdict {
             allowed: true,
             limit,

@@ -125,16 +125,21 @@ impl MemoryStore {
                 loop {
                     let state = State::Gcra { tat };
                     let verdict = quota.verdict(&state, now, ev.cost);
-                    let decision = Decision::from_verdict(&verdict, 0);
+                    let mut decision = Decision::from_verdict(&verdict, 0);
                     if !should_record(ev.recording, verdict.allowed) {
                         return decision;
                     }
                     let mut next = state;
                     quota.record(&mut next, now, ev.cost);
+                    if !verdict.allowed {
+                        // A counted denial lengthens the wait: report the recorded state's.
+                        decision = Decision::from_verdict(&quota.verdict(&next, now, ev.cost), 0);
+                    }
                     let State::Gcra { tat: next } = next else {
                         unreachable!("a GCRA quota records GCRA state")
                     };
-                    match word.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+                    match word.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
+                    {
                         Ok(_) => return decision,
                         Err(seen) => tat = seen,
                     }
@@ -163,10 +168,16 @@ impl MemoryStore {
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<_> = order.iter().map(|&i| (i, self.inner.shards[i].write())).collect();
+        let mut guards: Vec<_> = order
+            .iter()
+            .map(|&i| (i, self.inner.shards[i].write()))
+            .collect();
         let table_of = |hash: u64| -> usize {
             let shard = self.shard_of(hash);
-            guards.iter().position(|(i, _)| *i == shard).expect("locked above")
+            guards
+                .iter()
+                .position(|(i, _)| *i == shard)
+                .expect("locked above")
         };
         let slots: Vec<usize> = hashes.iter().map(|&h| table_of(h)).collect();
 
@@ -203,14 +214,26 @@ impl MemoryStore {
                 table.remove(hashes[leaves], ids[leaves]);
             } else {
                 let value = CellValue::Penalty(record);
-                let more = put_cell(table, hashes[leaves], ids[leaves], value, expires_at, self, now);
+                let more = put_cell(
+                    table,
+                    hashes[leaves],
+                    ids[leaves],
+                    value,
+                    expires_at,
+                    self,
+                    now,
+                );
                 swept.expired += more.expired;
                 swept.evicted += more.evicted;
             }
         }
         drop(guards);
-        self.inner.expired.fetch_add(swept.expired, Ordering::Relaxed);
-        self.inner.evictions.fetch_add(swept.evicted, Ordering::Relaxed);
+        self.inner
+            .expired
+            .fetch_add(swept.expired, Ordering::Relaxed);
+        self.inner
+            .evictions
+            .fetch_add(swept.evicted, Ordering::Relaxed);
         outcome.decision
     }
 }
@@ -242,7 +265,13 @@ fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota
 
 fn take_penalty(table: &mut Table, hash: u64, id: &str) -> PenaltyState {
     match table.cells.find(hash, |(k, _)| &**k == id) {
-        Some((_, Cell { value: CellValue::Penalty(p), .. })) => *p,
+        Some((
+            _,
+            Cell {
+                value: CellValue::Penalty(p),
+                ..
+            },
+        )) => *p,
         _ => PenaltyState::default(),
     }
 }
@@ -264,10 +293,20 @@ fn put_state(
             }
             let swept = table.make_room(store.inner.shard_cap, now);
             let hasher = |(k, _): &(Box<str>, AtomicU64)| store.hash(k);
-            table.words.insert_unique(hash, (id.into(), AtomicU64::new(tat)), hasher);
+            table
+                .words
+                .insert_unique(hash, (id.into(), AtomicU64::new(tat)), hasher);
             swept
         }
-        other => put_cell(table, hash, id, CellValue::Leaf(other), expires_at, store, now),
+        other => put_cell(
+            table,
+            hash,
+            id,
+            CellValue::Leaf(other),
+            expires_at,
+            store,
+            now,
+        ),
     }
 }
 
@@ -300,7 +339,9 @@ impl Store for MemoryStore {
     async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
         for id in identifiers {
             let hash = self.hash(id);
-            self.inner.shards[self.shard_of(hash)].write().remove(hash, id);
+            self.inner.shards[self.shard_of(hash)]
+                .write()
+                .remove(hash, id);
         }
         Ok(())
     }

@@ -47,8 +47,14 @@ impl Table {
 
     /// Removes `id` wherever it is. Returns whether it was present.
     pub(crate) fn remove(&mut self, hash: u64, id: &str) -> bool {
-        let word = self.words.find_entry(hash, |(k, _)| &**k == id).map(|e| e.remove());
-        let cell = self.cells.find_entry(hash, |(k, _)| &**k == id).map(|e| e.remove());
+        let word = self
+            .words
+            .find_entry(hash, |(k, _)| &**k == id)
+            .map(|e| e.remove());
+        let cell = self
+            .cells
+            .find_entry(hash, |(k, _)| &**k == id)
+            .map(|e| e.remove());
         word.is_ok() || cell.is_ok()
     }
 
