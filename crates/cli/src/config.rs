@@ -122,7 +122,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let rule_start = raw_policy.rule.span().start + 1;
         let rule: Rule = rule_text.parse().map_err(|e: sluice_core::RuleError| {
             let offset = rule_start + char_offset(rule_text, e.column);
-            at(offset, field("rule"), format!("expected {}, found {}", e.expected, e.found))
+            at(
+                offset,
+                field("rule"),
+                format!("expected {}, found {}", e.expected, e.found),
+            )
         })?;
         let mut policy = Policy::from_rule(name.clone(), rule);
         policy.shadow = raw_policy.shadow;
@@ -159,10 +163,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 PolicyError::BadName(bad)
                     if raw_policy.key.as_ref().is_some_and(|k| k.get_ref() == bad) =>
                 {
-                    (raw_policy.key.as_ref().map_or(0, |k| k.span().start), field("key"))
+                    (
+                        raw_policy.key.as_ref().map_or(0, |k| k.span().start),
+                        field("key"),
+                    )
                 }
                 PolicyError::BadName(bad)
-                    if raw_policy.namespace.as_ref().is_some_and(|k| k.get_ref() == bad) =>
+                    if raw_policy
+                        .namespace
+                        .as_ref()
+                        .is_some_and(|k| k.get_ref() == bad) =>
                 {
                     let start = raw_policy.namespace.as_ref().map_or(0, |k| k.span().start);
                     (start, field("namespace"))
@@ -226,7 +236,11 @@ penalty = { base = "1s", factor = 3, max = "15m", forget_after = "1h" }
         let e = error("[policies.api]\nrule = \"10/x\"\n");
         assert_eq!((e.line, e.column), (2, 12), "{e}");
         assert_eq!(e.field, "policies.api.rule");
-        assert!(e.to_string().starts_with("test.toml:2:12: policies.api.rule: expected a unit"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("test.toml:2:12: policies.api.rule: expected a unit"),
+            "{e}"
+        );
 
         let e = error("[policies.api]\nrule = \"10/s\"\nalgorithm = \"leaky\"\n");
         assert_eq!((e.line, e.field.as_str()), (3, "policies.api.algorithm"));
@@ -244,10 +258,14 @@ penalty = { base = "1s", factor = 3, max = "15m", forget_after = "1h" }
         let e = error("[policies.api]\nrule = \"10/s\"\nkey = \"a:b\"\n");
         assert_eq!((e.line, e.field.as_str()), (3, "policies.api.key"));
 
-        let e = error("[policies.api]\nrule = \"10/s\"\npenalty = { base = \"1s\", max = \"0s\", forget_after = \"1h\" }\n");
+        let e = error(
+            "[policies.api]\nrule = \"10/s\"\npenalty = { base = \"1s\", max = \"0s\", forget_after = \"1h\" }\n",
+        );
         assert_eq!(e.field, "policies.api.penalty", "{e}");
 
-        let e = error("[policies.api]\nrule = \"10/s\"\npenalty = { base = \"1 fortnight\", max = \"1m\", forget_after = \"1h\" }\n");
+        let e = error(
+            "[policies.api]\nrule = \"10/s\"\npenalty = { base = \"1 fortnight\", max = \"1m\", forget_after = \"1h\" }\n",
+        );
         assert_eq!(e.field, "policies.api.penalty.base", "{e}");
 
         let e = error("[policies.api]\nrule = 10\n");

@@ -10,9 +10,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (expected a number and a unit, like `30s` or `15m`)"))?;
+    let number: u64 = number.parse().map_err(|_| {
+        format!("`{text}` is not a duration (expected a number and a unit, like `30s` or `15m`)")
+    })?;
     let unit = unit.trim();
     if matches!(unit, "ms" | "millis" | "milliseconds") {
         return Ok(Duration::from_millis(number));

@@ -74,31 +74,47 @@ async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
+/// An error answer: a status and one clear message, as `{"error": "..."}`.
+struct Problem {
+    status: StatusCode,
+    message: String,
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
 fn problem(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
+    Problem { status, message }.into_response()
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body)
-        .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("invalid request: {e}")))
+fn bad_request(message: String) -> Problem {
+    Problem {
+        status: StatusCode::BAD_REQUEST,
+        message,
+    }
 }
 
-fn check_selectors(selectors: &BTreeMap<String, String>) -> Result<(), Response> {
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request: {e}")))
+}
+
+fn check_selectors(selectors: &BTreeMap<String, String>) -> Result<(), Problem> {
     if selectors.len() > MAX_SELECTORS {
-        return Err(problem(
-            StatusCode::BAD_REQUEST,
-            format!("at most {MAX_SELECTORS} selectors per request"),
-        ));
+        return Err(bad_request(format!(
+            "at most {MAX_SELECTORS} selectors per request"
+        )));
     }
     if let Some((name, _)) = selectors
         .iter()
         .find(|(n, v)| n.len() > MAX_SELECTOR_LEN || v.len() > MAX_SELECTOR_LEN)
     {
         let name: String = name.chars().take(64).collect();
-        return Err(problem(
-            StatusCode::BAD_REQUEST,
-            format!("selector `{name}` is longer than {MAX_SELECTOR_LEN} bytes"),
-        ));
+        return Err(bad_request(format!(
+            "selector `{name}` is longer than {MAX_SELECTOR_LEN} bytes"
+        )));
     }
     Ok(())
 }
@@ -116,10 +132,10 @@ fn error_response(error: Error) -> Response {
 async fn decide<S: Store>(limiter: &Limiter<S>, body: Bytes, peek: bool) -> Response {
     let request: CheckRequest = match parse(&body) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(problem) => return problem.into_response(),
     };
-    if let Err(response) = check_selectors(&request.selectors) {
-        return response;
+    if let Err(problem) = check_selectors(&request.selectors) {
+        return problem.into_response();
     }
     let selectors: Vec<(&str, &str)> = request
         .selectors
@@ -127,9 +143,13 @@ async fn decide<S: Store>(limiter: &Limiter<S>, body: Bytes, peek: bool) -> Resp
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let result = if peek {
-        limiter.peek(&request.policy, &selectors, request.cost).await
+        limiter
+            .peek(&request.policy, &selectors, request.cost)
+            .await
     } else {
-        limiter.check(&request.policy, &selectors, request.cost).await
+        limiter
+            .check(&request.policy, &selectors, request.cost)
+            .await
     };
     match result {
         Ok(checked) => {
@@ -151,10 +171,10 @@ async fn peek<S: Store>(State(limiter): State<Arc<Limiter<S>>>, body: Bytes) -> 
 async fn reset<S: Store>(State(limiter): State<Arc<Limiter<S>>>, body: Bytes) -> Response {
     let request: ResetRequest = match parse(&body) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(problem) => return problem.into_response(),
     };
-    if let Err(response) = check_selectors(&request.selectors) {
-        return response;
+    if let Err(problem) = check_selectors(&request.selectors) {
+        return problem.into_response();
     }
     let selectors: Vec<(&str, &str)> = request
         .selectors

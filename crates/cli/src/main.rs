@@ -72,9 +72,22 @@ const INVALID_INPUT: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { config, listen, store } => serve(config, listen, &store),
-        Command::Check { rule, algorithm, selectors, cost } => check(&rule, algorithm, &selectors, cost),
-        Command::Simulate { rule, trace, algorithm } => run_simulation(&rule, &trace, algorithm),
+        Command::Serve {
+            config,
+            listen,
+            store,
+        } => serve(config, listen, &store),
+        Command::Check {
+            rule,
+            algorithm,
+            selectors,
+            cost,
+        } => check(&rule, algorithm, &selectors, cost),
+        Command::Simulate {
+            rule,
+            trace,
+            algorithm,
+        } => run_simulation(&rule, &trace, algorithm),
         Command::Validate { config } => validate(&config),
     };
     match result {
@@ -96,7 +109,12 @@ fn parse_rule(text: &str) -> Result<Rule, ExitCode> {
     })
 }
 
-fn check(rule: &str, algorithm: Algorithm, selectors: &[String], cost: u64) -> anyhow::Result<ExitCode> {
+fn check(
+    rule: &str,
+    algorithm: Algorithm,
+    selectors: &[String],
+    cost: u64,
+) -> anyhow::Result<ExitCode> {
     let rule = match parse_rule(rule) {
         Ok(rule) => rule,
         Err(code) => return Ok(code),
@@ -133,12 +151,17 @@ fn check(rule: &str, algorithm: Algorithm, selectors: &[String], cost: u64) -> a
     }
 }
 
-fn run_simulation(rule: &str, trace: &PathBuf, algorithm: Algorithm) -> anyhow::Result<ExitCode> {
+fn run_simulation(
+    rule: &str,
+    trace: &std::path::Path,
+    algorithm: Algorithm,
+) -> anyhow::Result<ExitCode> {
     let rule = match parse_rule(rule) {
         Ok(rule) => rule,
         Err(code) => return Ok(code),
     };
-    let file = std::fs::File::open(trace).with_context(|| format!("cannot open {}", trace.display()))?;
+    let file =
+        std::fs::File::open(trace).with_context(|| format!("cannot open {}", trace.display()))?;
     let policy = Policy::from_rule("simulate", rule).algorithm(algorithm);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -154,7 +177,7 @@ fn run_simulation(rule: &str, trace: &PathBuf, algorithm: Algorithm) -> anyhow::
     }
 }
 
-fn validate(path: &PathBuf) -> anyhow::Result<ExitCode> {
+fn validate(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     match config::load(path) {
         Ok(config) => {
             println!("{}: ok, {} policies", path.display(), config.policies.len());
@@ -167,7 +190,11 @@ fn validate(path: &PathBuf) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn serve(config_path: Option<PathBuf>, listen: SocketAddr, store: &str) -> anyhow::Result<ExitCode> {
+fn serve(
+    config_path: Option<PathBuf>,
+    listen: SocketAddr,
+    store: &str,
+) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -196,11 +223,17 @@ fn serve(config_path: Option<PathBuf>, listen: SocketAddr, store: &str) -> anyho
             return Ok(ExitCode::from(INVALID_INPUT));
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let StoreChoice::Memory(memory) = store;
         let count = policies.len();
-        let limiter = Arc::new(Limiter::builder(memory.clone()).policies(policies).build()?);
+        let limiter = Arc::new(
+            Limiter::builder(memory.clone())
+                .policies(policies)
+                .build()?,
+        );
         // Expired state is dropped in the background so idle identifiers free their memory.
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(10));

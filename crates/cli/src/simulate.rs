@@ -39,10 +39,18 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
     let bad = || format!("`{text}` is not a time in seconds (like `0`, `1.5`; at most 9 decimals)");
     let (whole, fraction) = text.trim().split_once('.').unwrap_or((text.trim(), ""));
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty() && fraction.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 9 {
+    if whole.is_empty() && fraction.is_empty()
+        || !digits(whole)
+        || !digits(fraction)
+        || fraction.len() > 9
+    {
         return Err(bad());
     }
-    let whole: u64 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| bad())? };
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| bad())?
+    };
     let mut nanos: u64 = 0;
     for (i, b) in fraction.bytes().enumerate() {
         nanos += u64::from(b - b'0') * 10u64.pow(8 - i as u32);
@@ -54,7 +62,11 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
 }
 
 /// Replays `trace` against `policy`, writing one JSON line per request and a summary line.
-pub fn simulate(policy: Policy, trace: impl Read, out: &mut impl Write) -> Result<Summary, TraceError> {
+pub fn simulate(
+    policy: Policy,
+    trace: impl Read,
+    out: &mut impl Write,
+) -> Result<Summary, TraceError> {
     let clock = ManualClock::new(0);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let limiter = Limiter::builder(store)
@@ -63,7 +75,9 @@ pub fn simulate(policy: Policy, trace: impl Read, out: &mut impl Write) -> Resul
         .build()?;
     let compiled = limiter.policy(&policy.name).expect("just added");
 
-    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(trace);
+    let mut reader = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_reader(trace);
     let headers = reader.headers()?.clone();
     let t_column = headers
         .iter()
@@ -73,7 +87,9 @@ pub fn simulate(policy: Policy, trace: impl Read, out: &mut impl Write) -> Resul
     for leaf in &compiled.leaves {
         for name in leaf.leaf.selector.names() {
             if !headers.iter().any(|h| h == name) {
-                return Err(TraceError::Header(format!("no column for selector `{name}`")));
+                return Err(TraceError::Header(format!(
+                    "no column for selector `{name}`"
+                )));
             }
         }
     }
@@ -93,7 +109,10 @@ pub fn simulate(policy: Policy, trace: impl Read, out: &mut impl Write) -> Resul
             return Err(fail(format!("t = {t_text} goes back in time")));
         }
         last = t;
-        let cost = match cost_column.and_then(|c| record.get(c)).filter(|c| !c.is_empty()) {
+        let cost = match cost_column
+            .and_then(|c| record.get(c))
+            .filter(|c| !c.is_empty())
+        {
             None => 1,
             Some(c) => c
                 .parse::<u64>()
@@ -111,9 +130,10 @@ pub fn simulate(policy: Policy, trace: impl Read, out: &mut impl Write) -> Resul
             .block_on(limiter.check(&policy.name, &selectors, cost))
             .map_err(|e| fail(e.to_string()))?;
         let mut line_json = json!({ "t": serde_json::from_str::<serde_json::Value>(t_text.trim_end_matches('.')).unwrap_or(json!(t_text)) });
-        if let (Some(obj), serde_json::Value::Object(fields)) =
-            (line_json.as_object_mut(), decision_json(&compiled, &checked))
-        {
+        if let (Some(obj), serde_json::Value::Object(fields)) = (
+            line_json.as_object_mut(),
+            decision_json(&compiled, &checked),
+        ) {
             obj.extend(fields);
         }
         writeln!(out, "{line_json}")?;
@@ -157,7 +177,14 @@ mod tests {
         let policy = Policy::new("sim", "user:2/s").unwrap();
         let mut out = Vec::new();
         let summary = simulate(policy.clone(), trace.as_bytes(), &mut out).unwrap();
-        assert_eq!(summary, Summary { requests: 7, allowed: 5, denied: 2 });
+        assert_eq!(
+            summary,
+            Summary {
+                requests: 7,
+                allowed: 5,
+                denied: 2
+            }
+        );
         let mut again = Vec::new();
         simulate(policy, trace.as_bytes(), &mut again).unwrap();
         assert_eq!(out, again);
@@ -172,14 +199,21 @@ mod tests {
         assert_eq!(lines[4]["allowed"], true);
         assert_eq!(lines[5]["allowed"], false);
         assert_eq!(lines[5]["retry_after"], 0.5);
-        assert_eq!(lines[6]["allowed"], true, "another user has its own counter");
+        assert_eq!(
+            lines[6]["allowed"], true,
+            "another user has its own counter"
+        );
         assert_eq!(lines[7]["summary"]["denied"], 2);
     }
 
     #[test]
     fn rejects_bad_traces() {
         let policy = Policy::new("sim", "user:2/s").unwrap();
-        let run = |trace: &str| simulate(policy.clone(), trace.as_bytes(), &mut Vec::new()).unwrap_err().to_string();
+        let run = |trace: &str| {
+            simulate(policy.clone(), trace.as_bytes(), &mut Vec::new())
+                .unwrap_err()
+                .to_string()
+        };
         assert!(run("time,user\n0,a\n").contains("no `t` column"));
         assert!(run("t,ip\n0,a\n").contains("selector `user`"));
         assert!(run("t,user\n1,a\n0,a\n").contains("line 3"));

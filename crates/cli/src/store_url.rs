@@ -21,20 +21,26 @@ pub fn open(url: &str) -> Result<StoreChoice, String> {
             for pair in query.split('&').filter(|p| !p.is_empty()) {
                 match pair.split_once('=') {
                     Some(("max_identifiers", v)) => {
-                        max = v
-                            .parse()
-                            .ok()
-                            .filter(|&n: &usize| n > 0)
-                            .ok_or_else(|| format!("max_identifiers `{v}` is not a positive number"))?;
+                        max = v.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| {
+                            format!("max_identifiers `{v}` is not a positive number")
+                        })?;
                     }
-                    _ => return Err(format!("unknown memory store option `{pair}` (known: max_identifiers)")),
+                    _ => {
+                        return Err(format!(
+                            "unknown memory store option `{pair}` (known: max_identifiers)"
+                        ));
+                    }
                 }
             }
-            Ok(StoreChoice::Memory(MemoryStore::builder().max_identifiers(max).build()))
+            Ok(StoreChoice::Memory(
+                MemoryStore::builder().max_identifiers(max).build(),
+            ))
         }
         "redis" | "rediss" | "redis+cluster" | "memcached" => Err(format!(
             "the `{scheme}` store is not built yet; this sluice supports `memory://`"
         )),
-        other => Err(format!("unknown store scheme `{other}` (expected memory://)")),
+        other => Err(format!(
+            "unknown store scheme `{other}` (expected memory://)"
+        )),
     }
 }

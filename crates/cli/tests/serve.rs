@@ -23,7 +23,11 @@ impl Drop for TempDir {
 
 impl Server {
     fn start(config: &str) -> Server {
-        let dir = std::env::temp_dir().join(format!("sluice-serve-{}-{}", std::process::id(), rand_suffix()));
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-serve-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("policies.toml");
         std::fs::write(&path, config).unwrap();
@@ -43,7 +47,11 @@ impl Server {
             .strip_prefix("sluice listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_owned();
-        Server { child, base, _dir: TempDir(dir) }
+        Server {
+            child,
+            base,
+            _dir: TempDir(dir),
+        }
     }
 
     /// Stops the server with SIGTERM and returns whether it exited cleanly.
@@ -76,7 +84,12 @@ fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
     let mut command = Command::new("curl");
     command.args(["-s", "-X", method, "-w", "\n%{http_code}", url]);
     if let Some(body) = body {
-        command.args(["-H", "content-type: application/json", "--data-binary", body]);
+        command.args([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            body,
+        ]);
     }
     let output = command.output().expect("run curl");
     let text = String::from_utf8(output.stdout).unwrap();
@@ -110,7 +123,11 @@ fn flood(server: &Server, policy: &str, per_client: usize) -> (usize, f64) {
     let mut answered = 0;
     for client in clients {
         let output = client.wait_with_output().unwrap();
-        for line in String::from_utf8(output.stdout).unwrap().lines().filter(|l| !l.is_empty()) {
+        for line in String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.is_empty())
+        {
             answered += 1;
             if json(line)["allowed"] == Value::Bool(true) {
                 admitted += 1;
@@ -153,7 +170,10 @@ fn fifty_concurrent_clients_get_exactly_the_limit() {
     // refilled while the flood ran.
     let (admitted, seconds) = flood(&server, "bucket", 4);
     let refill = (seconds / 0.6).floor() as usize + 1;
-    assert!((100..=100 + refill).contains(&admitted), "admitted {admitted} in {seconds:.2}s");
+    assert!(
+        (100..=100 + refill).contains(&admitted),
+        "admitted {admitted} in {seconds:.2}s"
+    );
 }
 
 #[test]
@@ -164,7 +184,11 @@ fn answers_and_rejects_like_the_docs_say() {
     let (status, body) = curl("GET", &format!("{}/health", server.base), None);
     assert_eq!((status, json(&body)["status"].as_str()), (200, Some("ok")));
 
-    let (status, body) = curl("POST", &check, Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+    let (status, body) = curl(
+        "POST",
+        &check,
+        Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+    );
     let decision = json(&body);
     assert_eq!(status, 200);
     assert_eq!(decision["allowed"], true);
@@ -174,9 +198,17 @@ fn answers_and_rejects_like_the_docs_say() {
     assert_eq!(decision["reset_after"], 20.0);
 
     for _ in 0..2 {
-        curl("POST", &check, Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+        curl(
+            "POST",
+            &check,
+            Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+        );
     }
-    let (_, body) = curl("POST", &check, Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+    let (_, body) = curl(
+        "POST",
+        &check,
+        Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+    );
     let denied = json(&body);
     assert_eq!(denied["allowed"], false);
     assert_eq!(denied["denial"], "penalized", "{denied}");
@@ -184,38 +216,69 @@ fn answers_and_rejects_like_the_docs_say() {
 
     // Peek sees the box without adding a strike (a second strike would say 60 s); the real
     // clock moved a little since, so the wait is just under 30 s. Reset pardons.
-    let (_, body) = curl("POST", &format!("{}/v1/peek", server.base), Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+    let (_, body) = curl(
+        "POST",
+        &format!("{}/v1/peek", server.base),
+        Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+    );
     let wait = json(&body)["retry_after"].as_f64().unwrap();
     assert!(wait > 25.0 && wait <= 30.0, "{body}");
-    let (status, _) = curl("POST", &format!("{}/v1/reset", server.base), Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+    let (status, _) = curl(
+        "POST",
+        &format!("{}/v1/reset", server.base),
+        Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+    );
     assert_eq!(status, 200);
-    let (_, body) = curl("POST", &check, Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+    let (_, body) = curl(
+        "POST",
+        &check,
+        Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+    );
     assert_eq!(json(&body)["remaining"], 2);
 
     let cost_too_high = r#"{"policy":"login","selectors":{"ip":"10.9.9.9"},"cost":4}"#;
     let (_, body) = curl("POST", &check, Some(cost_too_high));
     let never = json(&body);
-    assert_eq!((never["allowed"].clone(), never["denial"].clone()), (Value::Bool(false), "cost_exceeds_capacity".into()));
+    assert_eq!(
+        (never["allowed"].clone(), never["denial"].clone()),
+        (Value::Bool(false), "cost_exceeds_capacity".into())
+    );
     assert_eq!(never["retry_after"], Value::Null);
 
     for (body, want) in [
         ("not json", 400),
         (r#"{"policy":"nope"}"#, 404),
         (r#"{"policy":"login"}"#, 400),
-        (r#"{"policy":"login","selectors":{"ip":"1"},"cost":-1}"#, 400),
-        (r#"{"policy":"login","selectors":{"ip":"1"},"cost":1.5}"#, 400),
+        (
+            r#"{"policy":"login","selectors":{"ip":"1"},"cost":-1}"#,
+            400,
+        ),
+        (
+            r#"{"policy":"login","selectors":{"ip":"1"},"cost":1.5}"#,
+            400,
+        ),
         (r#"{"policy":"login","selectors":{"ip":7}}"#, 400),
-        (r#"{"policy":"login","selectors":{"ip":"1"},"extra":1}"#, 400),
+        (
+            r#"{"policy":"login","selectors":{"ip":"1"},"extra":1}"#,
+            400,
+        ),
         (r#"{"selectors":{"ip":"1"}}"#, 400),
     ] {
         let (status, text) = curl("POST", &check, Some(body));
         assert_eq!(status, want, "{body} -> {text}");
         assert!(json(&text)["error"].is_string(), "{text}");
     }
-    let huge = format!(r#"{{"policy":"login","selectors":{{"ip":"{}"}}}}"#, "x".repeat(100_000));
+    let huge = format!(
+        r#"{{"policy":"login","selectors":{{"ip":"{}"}}}}"#,
+        "x".repeat(100_000)
+    );
     assert_eq!(curl("POST", &check, Some(&huge)).0, 413);
     // Nothing malformed was counted: 10.1.1.1 still has the 1 hit made after the reset.
-    let (_, body) = curl("POST", &format!("{}/v1/peek", server.base), Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#));
+    let (_, body) = curl(
+        "POST",
+        &format!("{}/v1/peek", server.base),
+        Some(r#"{"policy":"login","selectors":{"ip":"10.1.1.1"}}"#),
+    );
     assert_eq!(json(&body)["remaining"], 1);
 
     let (status, body) = curl("GET", &format!("{}/v1/policies", server.base), None);
@@ -236,8 +299,15 @@ fn bad_config_is_refused_with_its_place() {
     let dir = std::env::temp_dir().join(format!("sluice-validate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bad.toml");
-    std::fs::write(&path, "[policies.api]\nrule = \"10/s\"\n\n[policies.web]\nrule = \"0/s\"\n").unwrap();
-    for args in [vec!["validate", "--config"], vec!["serve", "--listen", "127.0.0.1:0", "--config"]] {
+    std::fs::write(
+        &path,
+        "[policies.api]\nrule = \"10/s\"\n\n[policies.web]\nrule = \"0/s\"\n",
+    )
+    .unwrap();
+    for args in [
+        vec!["validate", "--config"],
+        vec!["serve", "--listen", "127.0.0.1:0", "--config"],
+    ] {
         let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(&args)
             .arg(&path)
@@ -245,7 +315,10 @@ fn bad_config_is_refused_with_its_place() {
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8(output.stderr).unwrap();
-        assert!(stderr.contains("bad.toml:5:9: policies.web.rule: expected a count"), "{stderr}");
+        assert!(
+            stderr.contains("bad.toml:5:9: policies.web.rule: expected a count"),
+            "{stderr}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
