@@ -81,7 +81,8 @@ pub fn evaluate(
 
     let record = match recording {
         Recording::Admitted => decision.allowed,
-        Recording::Always => true,
+        // A hit that can never pass is a caller's mistake, not an attempt worth counting.
+        Recording::Always => decision.denial != Some(Denial::CostExceedsCapacity),
         Recording::Never => false,
     };
     if record {

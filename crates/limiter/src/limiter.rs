@@ -222,7 +222,7 @@ impl<S: Store> Limiter<S> {
             .as_ref()
             .filter(|_| recording == Recording::Admitted && cost > 0);
         if let Some(cache) = cache
-            && let Some(decision) = cache.get(&identifiers, cost, self.clock.now())
+            && let Some(decision) = cache.get(policy.name(), &identifiers, cost, self.clock.now())
         {
             return Ok(finish(policy, decision, true));
         }
@@ -241,7 +241,13 @@ impl<S: Store> Limiter<S> {
         if let Some(cache) = cache
             && !decision.allowed
         {
-            cache.remember(&identifiers, cost, &decision, self.clock.now());
+            cache.remember(
+                policy.name(),
+                &identifiers,
+                cost,
+                &decision,
+                self.clock.now(),
+            );
         }
         Ok(finish(policy, decision, false))
     }
@@ -304,6 +310,8 @@ fn penalty_identifier(
     if policy.policy.penalty.is_none() {
         return Ok(None);
     }
+    // `namespace:key:names:values:penalty`: counters end in a rate, which always holds a
+    // `/`, so a penalty record can never share a counter's name.
     let mut id = policy.penalty_prefix.clone();
     if policy.penalty_names.is_empty() {
         id.push('*');
@@ -314,5 +322,6 @@ fn penalty_identifier(
         }
         push_value(&mut id, value(policy, selectors, name)?);
     }
+    id.push_str(":penalty");
     Ok(Some(id))
 }

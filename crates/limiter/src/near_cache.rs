@@ -17,7 +17,8 @@ const SHARDS: usize = 16;
 
 struct Entry {
     hash: u64,
-    /// The hit's identifiers, joined by newlines (identifiers never hold one).
+    /// The policy's name and the hit's identifiers, joined by newlines (neither holds one).
+    /// The policy is part of the key: policies sharing counters may still decide apart.
     key: Box<str>,
     decided_at: u64,
     until: u64,
@@ -42,8 +43,10 @@ impl NearCache {
         }
     }
 
-    fn hash(&self, ids: &[String]) -> u64 {
+    fn hash(&self, policy: &str, ids: &[String]) -> u64 {
         let mut h = self.hasher.build_hasher();
+        h.write(policy.as_bytes());
+        h.write_u8(b'\n');
         for id in ids {
             h.write(id.as_bytes());
             h.write_u8(b'\n');
@@ -51,16 +54,26 @@ impl NearCache {
         h.finish()
     }
 
-    fn matches(key: &str, ids: &[String]) -> bool {
+    fn matches(key: &str, policy: &str, ids: &[String]) -> bool {
         let mut parts = key.split('\n');
-        ids.iter().all(|id| parts.next() == Some(id.as_str())) && parts.next().is_none()
+        parts.next() == Some(policy)
+            && ids.iter().all(|id| parts.next() == Some(id.as_str()))
+            && parts.next().is_none()
     }
 
     /// A cached denial for these identifiers at `now`, if one covers a hit of `cost`.
-    pub(crate) fn get(&self, ids: &[String], cost: u64, now: u64) -> Option<Decision> {
-        let hash = self.hash(ids);
+    pub(crate) fn get(
+        &self,
+        policy: &str,
+        ids: &[String],
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let hash = self.hash(policy, ids);
         let shard = self.shards[hash as usize % SHARDS].lock();
-        let entry = shard.find(hash, |e| e.hash == hash && Self::matches(&e.key, ids))?;
+        let entry = shard.find(hash, |e| {
+            e.hash == hash && Self::matches(&e.key, policy, ids)
+        })?;
         if now >= entry.until || cost < entry.cost {
             return None;
         }
@@ -72,7 +85,14 @@ impl NearCache {
     }
 
     /// Remembers a denial decided at `now`.
-    pub(crate) fn remember(&self, ids: &[String], cost: u64, decision: &Decision, now: u64) {
+    pub(crate) fn remember(
+        &self,
+        policy: &str,
+        ids: &[String],
+        cost: u64,
+        decision: &Decision,
+        now: u64,
+    ) {
         let Some(retry) = decision.retry_after else {
             return;
         };
@@ -80,10 +100,11 @@ impl NearCache {
         if ttl == 0 {
             return;
         }
-        let hash = self.hash(ids);
+        let hash = self.hash(policy, ids);
         let mut shard = self.shards[hash as usize % SHARDS].lock();
-        if let Some(entry) = shard.find_mut(hash, |e| e.hash == hash && Self::matches(&e.key, ids))
-        {
+        if let Some(entry) = shard.find_mut(hash, |e| {
+            e.hash == hash && Self::matches(&e.key, policy, ids)
+        }) {
             entry.decided_at = now;
             entry.until = now + ttl;
             entry.cost = cost;
@@ -98,7 +119,7 @@ impl NearCache {
         }
         let entry = Entry {
             hash,
-            key: ids.join("\n").into(),
+            key: format!("{policy}\n{}", ids.join("\n")).into(),
             decided_at: now,
             until: now + ttl,
             cost,

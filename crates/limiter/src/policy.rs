@@ -190,7 +190,7 @@ impl CompiledPolicy {
         Ok(CompiledPolicy {
             quotas: leaves.iter().map(|l| l.quota).collect(),
             shape: policy.rule.shape(),
-            penalty_prefix: format!("{namespace}:{key}:penalty:{penalty_selector}:"),
+            penalty_prefix: format!("{namespace}:{key}:{penalty_selector}:"),
             penalty_names,
             leaves,
             policy,

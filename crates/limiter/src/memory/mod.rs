@@ -126,7 +126,7 @@ impl MemoryStore {
                     let state = State::Gcra { tat };
                     let verdict = quota.verdict(&state, now, ev.cost);
                     let mut decision = Decision::from_verdict(&verdict, 0);
-                    if !should_record(ev.recording, verdict.allowed) {
+                    if !should_record(ev.recording, &verdict) {
                         return decision;
                     }
                     let mut next = state;
@@ -149,7 +149,7 @@ impl MemoryStore {
         // Unknown identifier: decide on a fresh state; only store it if something is recorded.
         let fresh = quota.fresh_state();
         let verdict = quota.verdict(&fresh, now, ev.cost);
-        if !should_record(ev.recording, verdict.allowed) {
+        if !should_record(ev.recording, &verdict) {
             return Decision::from_verdict(&verdict, 0);
         }
         self.decide_locked(hit, now)
@@ -238,10 +238,11 @@ impl MemoryStore {
     }
 }
 
-fn should_record(recording: Recording, allowed: bool) -> bool {
+/// The hot path's copy of `evaluate`'s recording rule, for one leaf.
+fn should_record(recording: Recording, verdict: &sluice_core::Verdict) -> bool {
     match recording {
-        Recording::Admitted => allowed,
-        Recording::Always => true,
+        Recording::Admitted => verdict.allowed,
+        Recording::Always => verdict.allowed || verdict.retry != sluice_core::Retry::Never,
         Recording::Never => false,
     }
 }
