@@ -47,22 +47,29 @@ impl Denial {
 }
 
 impl Decision {
-    /// The decision one leaf's verdict makes on its own.
-    pub fn from_verdict(verdict: &Verdict, leaf: usize) -> Decision {
+    /// The decision one leaf's verdict makes on its own; `tick` is nanoseconds per tick of
+    /// the verdict's times (see [`crate::Quota::tick`]).
+    pub fn from_verdict(verdict: &Verdict, leaf: usize, tick: u64) -> Decision {
         let (retry_after, denial) = match verdict.retry {
             _ if verdict.allowed => (None, None),
             Retry::Now => (None, None),
-            Retry::After(nanos) => (Some(Duration::from_nanos(nanos)), Some(Denial::Limited)),
+            Retry::After(n) => (Some(ticks(n, tick)), Some(Denial::Limited)),
             Retry::Never => (None, Some(Denial::CostExceedsCapacity)),
         };
         Decision {
             allowed: verdict.allowed,
             limit: verdict.limit,
             remaining: verdict.remaining,
-            reset_after: Duration::from_nanos(verdict.reset_after),
+            reset_after: ticks(verdict.reset_after, tick),
             retry_after,
             denial,
             leaf,
         }
     }
+}
+
+/// `n` ticks of `tick` nanoseconds as a duration (saturating, never overflowing).
+pub fn ticks(n: u64, tick: u64) -> Duration {
+    let per_second = (1_000_000_000 / tick.max(1)).max(1);
+    Duration::new(n / per_second, ((n % per_second) * tick) as u32)
 }

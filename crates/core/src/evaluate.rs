@@ -5,10 +5,8 @@
 //! a denied one in none, unless the policy counts denied attempts. Stores call this with the
 //! states locked (or inside one script), so check and record are one atomic step.
 
-use std::time::Duration;
-
 use crate::algorithm::{Quota, Retry, State, Verdict};
-use crate::decision::{Decision, Denial};
+use crate::decision::{Decision, Denial, ticks};
 use crate::penalty::{Penalty, PenaltyState};
 use crate::rule::Shape;
 
@@ -57,6 +55,8 @@ pub fn evaluate(
         ..
     } = *evaluation;
     assert_eq!(quotas.len(), states.len(), "one state per quota");
+    // All quotas of one evaluation count in the same tick (one store, one clock).
+    let tick = quotas[0].tick();
 
     if let (Some(config), Some(record)) = (evaluation.penalty, penalty.as_deref())
         && let Some(wait) = config.remaining(record, now)
@@ -66,8 +66,8 @@ pub fn evaluate(
             allowed: false,
             limit: verdict.limit,
             remaining: 0,
-            reset_after: Duration::from_nanos(verdict.reset_after.max(wait)),
-            retry_after: Some(Duration::from_nanos(wait)),
+            reset_after: ticks(verdict.reset_after.max(wait), tick),
+            retry_after: Some(ticks(wait, tick)),
             denial: Some(Denial::Penalized),
             leaf: 0,
         };
@@ -105,12 +105,9 @@ pub fn evaluate(
     {
         let wait = config.strike(record, now);
         changed = true;
-        if decision
-            .retry_after
-            .is_none_or(|r| r.as_nanos() < wait as u128)
-        {
-            decision.retry_after = Some(Duration::from_nanos(wait));
-            decision.reset_after = decision.reset_after.max(Duration::from_nanos(wait));
+        if decision.retry_after.is_none_or(|r| r < ticks(wait, tick)) {
+            decision.retry_after = Some(ticks(wait, tick));
+            decision.reset_after = decision.reset_after.max(ticks(wait, tick));
             decision.denial = Some(Denial::Penalized);
         }
     }
@@ -119,6 +116,7 @@ pub fn evaluate(
 
 /// The decision the tree makes on a hit of `cost` at `now`, from the leaves' verdicts.
 fn decide(shape: &Shape, quotas: &[Quota], states: &[State], now: u64, cost: u64) -> Decision {
+    let tick = quotas[0].tick();
     let verdicts: Vec<Verdict> = quotas
         .iter()
         .zip(states.iter())
@@ -126,17 +124,18 @@ fn decide(shape: &Shape, quotas: &[Quota], states: &[State], now: u64, cost: u64
         .collect();
     let root = fold(shape, &verdicts);
     if root.reached {
-        let mut d = Decision::from_verdict(&verdicts[root.retry_leaf], root.retry_leaf);
+        let mut d = Decision::from_verdict(&verdicts[root.retry_leaf], root.retry_leaf, tick);
         d.allowed = false;
         (d.retry_after, d.denial) = match root.retry {
-            Retry::After(n) => (Some(Duration::from_nanos(n)), Some(Denial::Limited)),
+            Retry::After(n) => (Some(ticks(n, tick)), Some(Denial::Limited)),
             Retry::Never => (None, Some(Denial::CostExceedsCapacity)),
             Retry::Now => unreachable!("a reached node has a retry time"),
         };
         d.remaining = root.remaining;
         d
     } else {
-        let mut d = Decision::from_verdict(&verdicts[root.remaining_leaf], root.remaining_leaf);
+        let mut d =
+            Decision::from_verdict(&verdicts[root.remaining_leaf], root.remaining_leaf, tick);
         // The reporting leaf may itself be reached (inside an `and`); the tree is not.
         (d.allowed, d.retry_after, d.denial) = (true, None, None);
         d.remaining = root.remaining;

@@ -12,6 +12,8 @@ pub struct Penalty {
     factor: u32,
     max: u64,
     forget_after: u64,
+    /// Nanoseconds per tick of the values above (1 unless [`Penalty::with_tick`]).
+    tick: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,20 +69,44 @@ impl Penalty {
             factor,
             max: max.as_nanos() as u64,
             forget_after: forget_after.as_nanos() as u64,
+            tick: 1,
         })
     }
 
+    /// The same penalty counted in ticks of `tick_ns` nanoseconds (see
+    /// [`crate::Quota::with_tick`]), rounding each duration up to a whole tick.
+    pub fn with_tick(&self, tick_ns: u64) -> Penalty {
+        let tick_ns = tick_ns.max(1);
+        Penalty {
+            base: self.base.div_ceil(tick_ns),
+            factor: self.factor,
+            max: self.max.div_ceil(tick_ns),
+            forget_after: self.forget_after.div_ceil(tick_ns),
+            tick: tick_ns * self.tick,
+        }
+    }
+
+    /// Nanoseconds per tick of this penalty's record.
+    pub fn tick(&self) -> u64 {
+        self.tick
+    }
+
     pub fn base(&self) -> Duration {
-        Duration::from_nanos(self.base)
+        crate::decision::ticks(self.base, self.tick)
     }
     pub fn factor(&self) -> u32 {
         self.factor
     }
     pub fn max(&self) -> Duration {
-        Duration::from_nanos(self.max)
+        crate::decision::ticks(self.max, self.tick)
     }
     pub fn forget_after(&self) -> Duration {
-        Duration::from_nanos(self.forget_after)
+        crate::decision::ticks(self.forget_after, self.tick)
+    }
+    /// Raw values in ticks: base, factor, max, forget_after (for stores that run the
+    /// arithmetic elsewhere, such as a Lua script).
+    pub fn ticks(&self) -> (u64, u32, u64, u64) {
+        (self.base, self.factor, self.max, self.forget_after)
     }
 
     /// Nanoseconds left in the box at `now`, if boxed.

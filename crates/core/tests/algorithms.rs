@@ -163,8 +163,8 @@ impl Model {
                 at: 0,
             },
             Algorithm::SlidingLog => Model::Log(Vec::new()),
-            Algorithm::FixedWindow => slots(q.window_nanos(), 1),
-            _ => slots(q.sub_window_nanos(), u64::from(q.windows())),
+            Algorithm::FixedWindow => slots(q.window_ticks(), 1),
+            _ => slots(q.sub_window_ticks(), u64::from(q.windows())),
         }
     }
 
@@ -172,7 +172,7 @@ impl Model {
     fn check(&self, q: &Quota, now: u64, cost: u64) -> (bool, u64) {
         let used: u64 = match self {
             Model::Bucket { level, at } => {
-                let t = u128::from(q.interval_nanos());
+                let t = u128::from(q.interval_ticks());
                 let level = (level + u128::from(now - at)).min(u128::from(tau(q)));
                 let need = u128::from(cost) * t;
                 let left = if need <= level { level - need } else { level };
@@ -180,7 +180,7 @@ impl Model {
             }
             Model::Log(hits) => hits
                 .iter()
-                .filter(|(t, _)| t + q.window_nanos() > now)
+                .filter(|(t, _)| t + q.window_ticks() > now)
                 .map(|(_, c)| c)
                 .sum(),
             Model::Slots(len, counted, used) => {
@@ -203,7 +203,7 @@ impl Model {
             Model::Bucket { level, at } => {
                 let full = u128::from(tau(q));
                 *level = (*level + u128::from(now - *at)).min(full)
-                    - u128::from(cost * q.interval_nanos());
+                    - u128::from(cost * q.interval_ticks());
                 *at = now;
             }
             Model::Log(hits) => hits.push((now, cost)),
@@ -213,7 +213,7 @@ impl Model {
 }
 
 fn tau(q: &Quota) -> u64 {
-    q.burst() * q.interval_nanos()
+    q.burst() * q.interval_ticks()
 }
 
 proptest! {
@@ -224,7 +224,7 @@ proptest! {
         q in small_quota(Algorithm::Gcra), start in start(), trace in hits(200),
     ) {
         let (admitted, _) = run(&q, &mut q.fresh_state(), start, &trace, no_check);
-        let (t, w) = (q.interval_nanos(), q.window_nanos());
+        let (t, w) = (q.interval_ticks(), q.window_ticks());
         for len in [1, t / 2, t, t + 1, w, tau(&q), 3 * w + 7] {
             let most = most_in_any(&admitted, len);
             prop_assert!(most <= q.burst() + len / t, "{most} in {len} ns: {admitted:?}");
@@ -236,7 +236,7 @@ proptest! {
         q in small_quota(Algorithm::SlidingLog), start in start(), trace in hits(200),
     ) {
         let (admitted, _) = run(&q, &mut q.fresh_state(), start, &trace, no_check);
-        prop_assert!(most_in_any(&admitted, q.window_nanos()) <= q.limit(), "{admitted:?}");
+        prop_assert!(most_in_any(&admitted, q.window_ticks()) <= q.limit(), "{admitted:?}");
     }
 
     #[test]
@@ -246,7 +246,7 @@ proptest! {
         let (admitted, _) = run(&q, &mut q.fresh_state(), start, &trace, no_check);
         let mut per_window = HashMap::<u64, u64>::new();
         for (t, c) in admitted {
-            *per_window.entry(t / q.window_nanos()).or_default() += c;
+            *per_window.entry(t / q.window_ticks()).or_default() += c;
         }
         prop_assert!(per_window.values().all(|&n| n <= q.limit()), "{per_window:?}");
     }
@@ -256,9 +256,9 @@ proptest! {
         q in small_quota(Algorithm::SlidingWindow), start in start(), trace in hits(200),
     ) {
         let (admitted, _) = run(&q, &mut q.fresh_state(), start, &trace, no_check);
-        let covered = u64::from(q.windows() - 1) * q.sub_window_nanos();
+        let covered = u64::from(q.windows() - 1) * q.sub_window_ticks();
         prop_assert!(most_in_any(&admitted, covered) <= q.limit(), "{admitted:?}");
-        prop_assert!(most_in_any(&admitted, q.window_nanos()) <= 2 * q.limit(), "{admitted:?}");
+        prop_assert!(most_in_any(&admitted, q.window_ticks()) <= 2 * q.limit(), "{admitted:?}");
     }
 
     /// Every verdict agrees with the naive model; once `expires_at` passes, the state acts fresh.
@@ -334,7 +334,7 @@ proptest! {
         for cost in abuse {
             q.record(&mut state, t, cost);
         }
-        let w = q.window_nanos();
+        let w = q.window_ticks();
         let healed = t + if q.algorithm() == Algorithm::Gcra { tau(&q) + w } else { 2 * w };
         prop_assert!(q.verdict(&state, healed, 1).allowed, "{:?}", state);
     }

@@ -4,7 +4,7 @@
 use crate::algorithm::{Quota, Retry, Verdict};
 
 pub(crate) fn verdict(quota: &Quota, window: u64, count: u64, now: u64, cost: u64) -> Verdict {
-    let length = quota.window_nanos();
+    let length = quota.window_ticks();
     let current = now / length;
     let used = if window == current { count } else { 0 };
     let window_end = (current + 1) * length;
@@ -33,7 +33,7 @@ pub(crate) fn verdict(quota: &Quota, window: u64, count: u64, now: u64, cost: u6
 }
 
 pub(crate) fn record(quota: &Quota, window: u64, count: u64, now: u64, cost: u64) -> (u64, u64) {
-    let current = now / quota.window_nanos();
+    let current = now / quota.window_ticks();
     let used = if window == current { count } else { 0 };
     // Denied hits recorded anyway cannot push the count past twice the limit, which is
     // already past every decision it influences.

@@ -7,7 +7,7 @@
 use crate::algorithm::{Quota, Retry, Verdict};
 
 pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
-    let interval = quota.interval_nanos();
+    let interval = quota.interval_ticks();
     let tau = quota.burst() * interval; // bounded by Quota::from_leaf
     let base = tat.max(now);
     let debt = base - now; // time the bucket needs to become full again
@@ -41,11 +41,11 @@ pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
 }
 
 pub(crate) fn record(quota: &Quota, tat: u64, now: u64, cost: u64) -> u64 {
-    let interval = quota.interval_nanos();
+    let interval = quota.interval_ticks();
     let tau = quota.burst() * interval;
     // A denied hit recorded anyway adds debt, but never more than one window beyond a full
     // bucket: counting denied attempts delays an abuser, it must not lock them out forever.
-    let ceiling = now + tau + quota.window_nanos();
+    let ceiling = now + tau + quota.window_ticks();
     let inc = cost.saturating_mul(interval);
     // `.max(tat)`: the ceiling must never move a TAT backwards (a caller's clock may).
     tat.max(now).saturating_add(inc).min(ceiling).max(tat)

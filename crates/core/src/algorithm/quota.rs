@@ -14,10 +14,19 @@ pub const MAX_BUCKET_NANOS: u64 = 100 * 365 * 86_400 * 1_000_000_000;
 
 /// The parameters of one leaf, validated: every combination that reaches the algorithms is
 /// meaningful and overflow-safe.
+///
+/// Times are counted in *ticks*: nanoseconds by default. A store whose arithmetic is coarser
+/// takes [`Quota::with_tick`]: Redis's Lua numbers are doubles, exact only below 2^53, so the
+/// Redis store counts microseconds (which is also the resolution of Redis `TIME`). The
+/// interval is rounded up to a whole tick, so a coarser tick can only make a limit stricter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     algorithm: Algorithm,
     limit: u64,
+    /// The rate's span in nanoseconds, whatever the tick.
+    span: u64,
+    /// Nanoseconds per tick; divides one second.
+    tick: u64,
     window: u64,
     interval: u64,
     burst: u64,
@@ -40,6 +49,8 @@ pub enum QuotaError {
     LogTooLarge,
     #[error("sub-windows must number from 1 to {MAX_WINDOWS}")]
     BadWindows,
+    #[error("a tick of {0} ns does not divide one second")]
+    BadTick(u64),
 }
 
 impl Quota {
@@ -75,11 +86,34 @@ impl Quota {
         Ok(Quota {
             algorithm,
             limit: rate.count(),
+            span: rate.span().nanos(),
+            tick: 1,
             window: rate.span().nanos(),
             interval,
             burst,
             windows,
         })
+    }
+
+    /// The same quota counted in ticks of `tick_ns` nanoseconds (which must divide one
+    /// second). The emission interval is rounded up to a whole tick.
+    pub fn with_tick(&self, tick_ns: u64) -> Result<Quota, QuotaError> {
+        if tick_ns == 0 || 1_000_000_000 % tick_ns != 0 {
+            return Err(QuotaError::BadTick(tick_ns));
+        }
+        // Spans are whole seconds, so the window is a whole number of ticks.
+        let window = self.span / tick_ns;
+        Ok(Quota {
+            tick: tick_ns,
+            window,
+            interval: window.div_ceil(self.limit),
+            ..*self
+        })
+    }
+
+    /// Nanoseconds per tick (1 unless [`Quota::with_tick`] chose another).
+    pub const fn tick(&self) -> u64 {
+        self.tick
     }
 
     /// A GCRA quota of `rate` with the given burst (`None` = the rate's count).
@@ -98,13 +132,13 @@ impl Quota {
         self.limit
     }
 
-    /// The rate's span in nanoseconds.
-    pub const fn window_nanos(&self) -> u64 {
+    /// The rate's span, in ticks.
+    pub const fn window_ticks(&self) -> u64 {
         self.window
     }
 
-    /// GCRA emission interval: span / count, rounded up, in nanoseconds.
-    pub const fn interval_nanos(&self) -> u64 {
+    /// GCRA emission interval: span / count, rounded up, in ticks.
+    pub const fn interval_ticks(&self) -> u64 {
         self.interval
     }
 
@@ -118,9 +152,9 @@ impl Quota {
         self.windows
     }
 
-    /// Sliding window counter: length of one sub-window in nanoseconds, rounded up so that
+    /// Sliding window counter: length of one sub-window in ticks, rounded up so that
     /// the summed sub-windows always cover at least the whole window.
-    pub const fn sub_window_nanos(&self) -> u64 {
+    pub const fn sub_window_ticks(&self) -> u64 {
         self.window.div_ceil(self.windows as u64)
     }
 
@@ -189,7 +223,7 @@ impl Quota {
         }
     }
 
-    /// When `state` becomes equivalent to a fresh state (nanoseconds, same epoch as `now`).
+    /// When `state` becomes equivalent to a fresh state (ticks, same epoch as `now`).
     /// A store may drop it from then on.
     pub fn expires_at(&self, state: &State) -> u64 {
         match state {

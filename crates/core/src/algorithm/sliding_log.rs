@@ -33,7 +33,7 @@ impl Log {
 
     /// Hits still inside the window at `now`: those with `timestamp + window > now`.
     fn active(&self, quota: &Quota, now: u64) -> impl DoubleEndedIterator<Item = (u64, u64)> + '_ {
-        let window = quota.window_nanos();
+        let window = quota.window_ticks();
         self.hits
             .iter()
             .copied()
@@ -41,7 +41,7 @@ impl Log {
     }
 
     pub(crate) fn record(&mut self, quota: &Quota, now: u64, cost: u64) {
-        let window = quota.window_nanos();
+        let window = quota.window_ticks();
         while self.hits.front().is_some_and(|(at, _)| at + window <= now) {
             self.hits.pop_front();
         }
@@ -70,12 +70,12 @@ impl Log {
     pub(crate) fn expires_at(&self, quota: &Quota) -> u64 {
         self.hits
             .back()
-            .map_or(0, |(at, _)| at + quota.window_nanos())
+            .map_or(0, |(at, _)| at + quota.window_ticks())
     }
 }
 
 pub(crate) fn verdict(quota: &Quota, log: &Log, now: u64, cost: u64) -> Verdict {
-    let window = quota.window_nanos();
+    let window = quota.window_ticks();
     let limit = quota.limit();
     let used: u64 = log.active(quota, now).map(|(_, c)| c).sum();
     let newest = log.active(quota, now).next_back().map(|(at, _)| at);

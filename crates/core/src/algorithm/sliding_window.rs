@@ -61,7 +61,7 @@ impl Counters {
     }
 
     pub(crate) fn record(&mut self, quota: &Quota, now: u64, cost: u64) {
-        let current = now / quota.sub_window_nanos();
+        let current = now / quota.sub_window_ticks();
         let g = self.counts.len() as u64;
         if current > self.newest {
             // Clear the sub-windows that the window slid past.
@@ -82,14 +82,14 @@ impl Counters {
             .map(|back| self.newest.saturating_sub(back))
             .find(|&number| self.count(number) > 0);
         match last {
-            Some(number) => (number + g).saturating_mul(quota.sub_window_nanos()),
+            Some(number) => (number + g).saturating_mul(quota.sub_window_ticks()),
             None => 0,
         }
     }
 }
 
 pub(crate) fn verdict(quota: &Quota, counters: &Counters, now: u64, cost: u64) -> Verdict {
-    let sub = quota.sub_window_nanos();
+    let sub = quota.sub_window_ticks();
     let g = quota.windows() as u64;
     let current = now / sub;
     let oldest = (current + 1).saturating_sub(g);

@@ -125,7 +125,7 @@ impl MemoryStore {
                 loop {
                     let state = State::Gcra { tat };
                     let verdict = quota.verdict(&state, now, ev.cost);
-                    let mut decision = Decision::from_verdict(&verdict, 0);
+                    let mut decision = Decision::from_verdict(&verdict, 0, quota.tick());
                     if !should_record(ev.recording, &verdict) {
                         return decision;
                     }
@@ -133,7 +133,11 @@ impl MemoryStore {
                     quota.record(&mut next, now, ev.cost);
                     if !verdict.allowed {
                         // A counted denial lengthens the wait: report the recorded state's.
-                        decision = Decision::from_verdict(&quota.verdict(&next, now, ev.cost), 0);
+                        decision = Decision::from_verdict(
+                            &quota.verdict(&next, now, ev.cost),
+                            0,
+                            quota.tick(),
+                        );
                     }
                     let State::Gcra { tat: next } = next else {
                         unreachable!("a GCRA quota records GCRA state")
@@ -150,7 +154,7 @@ impl MemoryStore {
         let fresh = quota.fresh_state();
         let verdict = quota.verdict(&fresh, now, ev.cost);
         if !should_record(ev.recording, &verdict) {
-            return Decision::from_verdict(&verdict, 0);
+            return Decision::from_verdict(&verdict, 0, quota.tick());
         }
         self.decide_locked(hit, now)
     }
