@@ -114,15 +114,21 @@ pub fn evaluate(
     Outcome { decision, changed }
 }
 
-/// The decision the tree makes on a hit of `cost` at `now`, from the leaves' verdicts.
+/// The decision the tree makes on a hit of `cost` at `now`, from the leaves' states.
 fn decide(shape: &Shape, quotas: &[Quota], states: &[State], now: u64, cost: u64) -> Decision {
-    let tick = quotas[0].tick();
     let verdicts: Vec<Verdict> = quotas
         .iter()
         .zip(states.iter())
         .map(|(quota, state)| quota.verdict(state, now, cost))
         .collect();
-    let root = fold(shape, &verdicts);
+    decide_verdicts(shape, &verdicts, quotas[0].tick())
+}
+
+/// The decision a tree makes from its leaves' verdicts (one per leaf, in leaf order), with
+/// times in ticks of `tick` nanoseconds. Stores that cannot judge every leaf in one step (a
+/// rule spread over several Redis Cluster slots) fold their verdicts with this.
+pub fn decide_verdicts(shape: &Shape, verdicts: &[Verdict], tick: u64) -> Decision {
+    let root = fold(shape, verdicts);
     if root.reached {
         let mut d = Decision::from_verdict(&verdicts[root.retry_leaf], root.retry_leaf, tick);
         d.allowed = false;

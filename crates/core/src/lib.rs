@@ -31,7 +31,7 @@ pub mod rule;
 
 pub use algorithm::{Algorithm, Quota, Retry, State, Verdict};
 pub use decision::{Decision, Denial};
-pub use evaluate::{Evaluation, Outcome, Recording, evaluate};
+pub use evaluate::{Evaluation, Outcome, Recording, decide_verdicts, evaluate};
 pub use parse::{RuleError, parse_rule};
 pub use penalty::{Penalty, PenaltyState};
 pub use rate::{Rate, RateError, Span, Unit};

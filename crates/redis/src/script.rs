@@ -1,0 +1,114 @@
+//! The decision script: how a hit becomes KEYS and ARGV, and a reply becomes a Decision.
+
+use std::fmt::Write;
+use std::sync::LazyLock;
+
+use sluice_core::decision::ticks;
+use sluice_core::{Algorithm, Decision, Denial, Quota, Recording, Shape};
+use sluice_limiter::Hit;
+
+use crate::RedisError;
+
+/// Nanoseconds per tick in Redis: microseconds, the resolution of `TIME`, and small enough
+/// that every time the script handles stays exact in a Lua double.
+pub const TICK_NS: u64 = 1_000;
+
+/// The algorithms (shared with the test entry point) followed by the production entry,
+/// which reads the time from Redis.
+pub static DECIDE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/decide.lua")
+    ))
+});
+
+/// The Lua library alone, for test entry points that pass `now` themselves.
+pub const ALGORITHMS_LUA: &str = include_str!("lua/algorithms.lua");
+
+pub(crate) fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::SlidingWindow => 2,
+        Algorithm::SlidingLog => 3,
+        Algorithm::FixedWindow => 4,
+        _ => 1,
+    }
+}
+
+/// Writes `shape` as prefix tokens: `o<n>`, `a<n>`, `l<i>`.
+pub fn shape_text(shape: &Shape, out: &mut String) {
+    match shape {
+        Shape::Leaf(i) => {
+            let _ = write!(out, "l{i} ");
+        }
+        Shape::Or(children) | Shape::And(children) => {
+            let kind = if matches!(shape, Shape::Or(_)) { 'o' } else { 'a' };
+            let _ = write!(out, "{kind}{} ", children.len());
+            for child in children {
+                shape_text(child, out);
+            }
+        }
+    }
+}
+
+/// ARGV for a hit (see `run` in algorithms.lua), with quotas recounted in microseconds.
+pub fn arguments(hit: &Hit<'_>, token: u64) -> Result<Vec<String>, RedisError> {
+    let ev = &hit.evaluation;
+    let recording = match ev.recording {
+        Recording::Admitted => 0,
+        Recording::Always => 1,
+        _ => 2,
+    };
+    let mut shape = String::new();
+    shape_text(ev.shape, &mut shape);
+    let mut args = Vec::with_capacity(5 + ev.quotas.len() * 6 + 4);
+    args.push(ev.cost.to_string());
+    args.push(recording.to_string());
+    args.push(shape);
+    args.push(format!("{token:x}"));
+    args.push(ev.quotas.len().to_string());
+    for quota in ev.quotas {
+        let q = micro(quota)?;
+        args.push(algorithm_code(q.algorithm()).to_string());
+        args.push(q.limit().to_string());
+        args.push(q.window_ticks().to_string());
+        args.push(q.interval_ticks().to_string());
+        args.push(q.burst().to_string());
+        args.push(q.windows().to_string());
+    }
+    if let Some(penalty) = ev.penalty {
+        let (base, factor, max, forget) = penalty.with_tick(TICK_NS).ticks();
+        args.extend([base, u64::from(factor), max, forget].map(|n| n.to_string()));
+    }
+    Ok(args)
+}
+
+/// The quota counted in microseconds.
+pub fn micro(quota: &Quota) -> Result<Quota, RedisError> {
+    quota
+        .with_tick(TICK_NS)
+        .map_err(|e| RedisError::Unsupported(e.to_string()))
+}
+
+/// A reply `[allowed, limit, remaining, reset_after, retry_after, denial, leaf]`.
+pub fn decision(reply: &[i64]) -> Result<Decision, RedisError> {
+    let [allowed, limit, remaining, reset_after, retry_after, denial, leaf] = reply else {
+        return Err(RedisError::Reply(format!("expected 7 integers, got {reply:?}")));
+    };
+    let denial = match denial {
+        0 => None,
+        1 => Some(Denial::Limited),
+        2 => Some(Denial::CostExceedsCapacity),
+        3 => Some(Denial::Penalized),
+        other => return Err(RedisError::Reply(format!("unknown denial code {other}"))),
+    };
+    let count = |n: &i64| u64::try_from(*n).map_err(|_| RedisError::Reply(format!("negative value {n}")));
+    Ok(Decision {
+        allowed: *allowed == 1,
+        limit: count(limit)?,
+        remaining: count(remaining)?,
+        reset_after: ticks(count(reset_after)?, TICK_NS),
+        retry_after: (*retry_after >= 0).then(|| ticks(*retry_after as u64, TICK_NS)),
+        denial,
+        leaf: count(leaf)? as usize,
+    })
+}

@@ -1,0 +1,88 @@
+//! Store URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS), and
+//! `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for TLS).
+
+use crate::RedisError;
+
+/// Where the store connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One server: the URL as redis-rs reads it.
+    Standalone(String),
+    /// Seed nodes of a cluster, each as a `redis://` or `rediss://` URL.
+    Cluster(Vec<String>),
+}
+
+/// Reads a store URL.
+pub fn parse(url: &str) -> Result<Target, RedisError> {
+    let bad = |why: &str| RedisError::Url(format!("`{}`: {why}", redact(url)));
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("not a URL"))?;
+    match scheme {
+        "redis" | "rediss" => {
+            if rest.is_empty() {
+                return Err(bad("no host"));
+            }
+            Ok(Target::Standalone(url.to_owned()))
+        }
+        "redis+cluster" | "rediss+cluster" => {
+            let node_scheme = scheme.trim_end_matches("+cluster");
+            let (auth, hosts) = match rest.rsplit_once('@') {
+                Some((auth, hosts)) => (format!("{auth}@"), hosts),
+                None => (String::new(), rest),
+            };
+            let hosts = hosts.trim_end_matches('/');
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("{node_scheme}://{auth}{h}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err(bad("no cluster nodes"));
+            }
+            if hosts.split(',').any(|h| !h.contains(':')) {
+                return Err(bad("every cluster node needs host:port"));
+            }
+            Ok(Target::Cluster(nodes))
+        }
+        other => Err(bad(&format!("unknown scheme `{other}`"))),
+    }
+}
+
+/// The URL with any password replaced, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(_)) => {
+            let (auth, hosts) = rest.rsplit_once('@').expect("has @");
+            let user = auth.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{hosts}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_urls() {
+        assert_eq!(
+            parse("redis://127.0.0.1:6380/2").unwrap(),
+            Target::Standalone("redis://127.0.0.1:6380/2".into())
+        );
+        assert_eq!(
+            parse("redis+cluster://u:p@a:1, b:2").unwrap(),
+            Target::Cluster(vec!["redis://u:p@a:1".into(), "redis://u:p@b:2".into()])
+        );
+        assert_eq!(
+            parse("rediss+cluster://a:1").unwrap(),
+            Target::Cluster(vec!["rediss://a:1".into()])
+        );
+        assert!(parse("redis+cluster://").is_err());
+        assert!(parse("redis+cluster://a").is_err());
+        assert!(parse("http://a:1").is_err());
+        assert!(parse("redis://").is_err());
+        let error = parse("ftp://user:secret@host").unwrap_err().to_string();
+        assert!(!error.contains("secret"), "{error}");
+    }
+}
