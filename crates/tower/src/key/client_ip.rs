@@ -1,0 +1,242 @@
+//! The client's IP address, done right: the socket peer unless it is a trusted proxy, then
+//! the forwarding header read from the right, skipping trusted hops.
+//!
+//! Reading from the right matters: every proxy appends, so only the entries added by proxies
+//! we trust are facts; anything to their left may be written by the client. A spoofed header
+//! from an untrusted peer is never read at all.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{Extensions, HeaderMap, HeaderName};
+use ipnet::IpNet;
+
+/// Most forwarding hops examined, from the right. A longer chain of trusted proxies is
+/// answered by the last one examined (a stricter key, never a client-chosen one).
+const MAX_HOPS: usize = 32;
+
+/// The peer address for servers that do not use axum's `ConnectInfo` (plain hyper, tonic):
+/// insert it into the request's extensions before the layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The resolved client address. The layer inserts it into the request's extensions, so
+/// handlers can log the same address the limit was keyed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIp(pub IpAddr);
+
+/// Which header the trusted proxies write. Choose the one your proxies set: a header they
+/// only pass through is written by the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, most load balancers).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:4711"`.
+    Forwarded,
+}
+
+/// Resolves and groups client addresses.
+#[derive(Debug, Clone)]
+pub struct ClientIpResolver {
+    trusted: Vec<IpNet>,
+    header: ForwardedHeader,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+}
+
+impl Default for ClientIpResolver {
+    fn default() -> Self {
+        ClientIpResolver::new()
+    }
+}
+
+impl ClientIpResolver {
+    /// No trusted proxies (the socket peer is the client), `X-Forwarded-For`, IPv4 keyed per
+    /// address and IPv6 per /64.
+    pub fn new() -> ClientIpResolver {
+        ClientIpResolver {
+            trusted: Vec::new(),
+            header: ForwardedHeader::default(),
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// Proxies whose forwarding header is believed.
+    pub fn trust(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        self.trusted.extend(networks);
+        self
+    }
+
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// IPv6 addresses are keyed by this prefix (default 64: one host usually owns a whole
+    /// /64 and could otherwise rotate through it). Values above 128 are rejected when the
+    /// layer is built.
+    pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
+        self.ipv6_prefix = prefix;
+        self
+    }
+
+    /// IPv4 addresses are keyed by this prefix (default 32, one key per address).
+    pub fn ipv4_prefix(mut self, prefix: u8) -> Self {
+        self.ipv4_prefix = prefix;
+        self
+    }
+
+    pub(crate) fn prefixes_valid(&self) -> bool {
+        self.ipv4_prefix <= 32 && self.ipv6_prefix <= 128
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client of a request whose socket peer is `peer`.
+    pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = normalize(peer);
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let hops = match self.header {
+            ForwardedHeader::XForwardedFor => {
+                hops(headers, &X_FORWARDED_FOR, |v| v.split(',').map(parse_node))
+            }
+            ForwardedHeader::Forwarded => hops(headers, &http::header::FORWARDED, forwarded_for),
+        };
+        // Walk right to left; the nearest address we know to be true so far is `client`.
+        let mut client = peer;
+        for hop in hops.into_iter().rev().take(MAX_HOPS) {
+            let Some(ip) = hop else {
+                // A trusted proxy wrote something we cannot read ("unknown", an obfuscated
+                // node): key on that proxy rather than guess further left.
+                return client;
+            };
+            client = normalize(ip);
+            if !self.is_trusted(client) {
+                return client;
+            }
+        }
+        client
+    }
+
+    /// The network a client address is keyed by: the address itself for IPv4 /32, its /64
+    /// (by default) for IPv6. IPv4-mapped IPv6 addresses count as IPv4.
+    pub fn group(&self, ip: IpAddr) -> IpNet {
+        let ip = normalize(ip);
+        let prefix = match ip {
+            IpAddr::V4(_) => self.ipv4_prefix.min(32),
+            IpAddr::V6(_) => self.ipv6_prefix.min(128),
+        };
+        IpNet::new(ip, prefix)
+            .expect("prefix clamped to the address length")
+            .trunc()
+    }
+
+    /// The selector value of a client address: `203.0.113.9`, `2001:db8:1:2::/64`.
+    pub fn key(&self, ip: IpAddr) -> String {
+        let net = self.group(ip);
+        if net.prefix_len() == net.max_prefix_len() {
+            net.addr().to_string()
+        } else {
+            net.to_string()
+        }
+    }
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The socket peer: axum's `ConnectInfo<SocketAddr>`, else a [`PeerAddr`].
+pub fn peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0);
+    }
+    extensions.get::<PeerAddr>().map(|p| p.0)
+}
+
+/// `::ffff:192.0.2.1` is `192.0.2.1`: one client, one key, whichever socket family it used.
+pub fn normalize(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Every hop of every line of `name`, in order (left to right). `None` marks an entry that
+/// is not an address.
+fn hops<'h, I>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+    split: impl Fn(&'h str) -> I,
+) -> Vec<Option<IpAddr>>
+where
+    I: Iterator<Item = Option<IpAddr>>,
+{
+    let mut out = Vec::new();
+    for value in headers.get_all(name) {
+        match value.to_str() {
+            Ok(text) => out.extend(split(text)),
+            // Not text at all: an unreadable hop, like "unknown".
+            Err(_) => out.push(None),
+        }
+    }
+    out
+}
+
+/// One node: `192.0.2.1`, `192.0.2.1:8080`, `2001:db8::1`, `[2001:db8::1]:4711`.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    let text = text.trim();
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    text.strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .and_then(|t| t.parse().ok())
+}
+
+/// The `for=` node of each element of a `Forwarded` value (RFC 7239). An element without
+/// `for=` is an unreadable hop.
+fn forwarded_for(value: &str) -> impl Iterator<Item = Option<IpAddr>> + '_ {
+    split_outside_quotes(value, ',').map(|element| {
+        split_outside_quotes(element, ';').find_map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            if !name.trim().eq_ignore_ascii_case("for") {
+                return None;
+            }
+            let value = value.trim();
+            let value = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(value);
+            Some(parse_node(value))
+        })?
+    })
+}
+
+/// Splits on `sep`, except inside double quotes (a quoted IPv6 node holds no `,` or `;`,
+/// but a hostile header might).
+fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    let mut quoted = false;
+    let mut parts = Vec::new();
+    for (i, c) in text.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c == sep && !quoted => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts.into_iter()
+}

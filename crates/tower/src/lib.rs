@@ -1,0 +1,67 @@
+//! Rate limiting inside the app: a tower `Layer` that applies a sluice policy to the
+//! requests of any HTTP service (axum, hyper, tonic), with the login-form protections.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, body::Body, routing::post};
+//! use http::Request;
+//! use sluice_limiter::{Limiter, MemoryStore, Policy};
+//! use sluice_tower::{Key, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let limiter = Limiter::builder(MemoryStore::new())
+//!     .policy(Policy::new("login", "user:2/m").unwrap())
+//!     .build()
+//!     .unwrap();
+//! let layer = RateLimitLayer::builder(Arc::new(limiter), "login")
+//!     .selector("user", Key::form_field("username")) // hashed before it is stored
+//!     .build()
+//!     .unwrap();
+//! let app = Router::new()
+//!     .route("/login", post(|| async { "welcome" }))
+//!     .layer(layer);
+//!
+//! for expected in [200, 200, 429] {
+//!     let request = Request::post("/login")
+//!         .header("content-type", "application/x-www-form-urlencoded")
+//!         .body(Body::from("username=alice&password=hunter2"))
+//!         .unwrap();
+//!     let response = app.clone().oneshot(request).await.unwrap();
+//!     assert_eq!(response.status(), expected);
+//! }
+//! # });
+//! ```
+//!
+//! The pieces: [`Key`]s say where each selector's value comes from (client IP done right
+//! by [`ClientIpResolver`], headers, routes, users, hashed form and JSON fields); filters
+//! pick methods, paths and networks; [`Outcomes`] counts only some responses (failed
+//! logins); [`Headers`] switches the header fields; hooks render denials and feed an audit
+//! log; a [`Challenge`](challenge::Challenge) such as [`ProofOfWork`] lets a refused client
+//! prove good faith; [`LimiterExt`] limits any block of code.
+
+#![forbid(unsafe_code)]
+
+mod base64;
+pub mod challenge;
+pub mod denied;
+mod error;
+mod filter;
+pub mod grpc;
+pub mod headers;
+pub mod key;
+mod outcome;
+pub mod rate_limit;
+mod run;
+
+pub use challenge::ProofOfWork;
+pub use denied::{Denied, Reason};
+pub use error::Error;
+pub use headers::Headers;
+pub use key::{ClientIp, ClientIpResolver, ForwardedHeader, Key, PeerAddr};
+pub use outcome::Outcomes;
+pub use rate_limit::{
+    LayerStats, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
+    WhenMissing,
+};
+pub use run::{LimiterExt, Permit, Refused};

@@ -1,0 +1,172 @@
+//! A built layer's validated configuration, shared by every service it makes, and the
+//! limiter behind it with its store type erased (so `RateLimit<S>` is generic only over the
+//! inner service, like every tower middleware).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluice_limiter::{Checked, CompiledPolicy, Error, Limiter, Selectors, Store};
+
+use crate::challenge::Challenge;
+use crate::denied::Hooks;
+use crate::filter::Filters;
+use crate::headers::{Headers, PolicyFields};
+use crate::key::{ClientIpResolver, Key};
+use crate::outcome::Outcomes;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A [`Limiter`] over any store.
+pub(crate) trait DynLimiter: Send + Sync + 'static {
+    fn check<'a>(
+        &'a self,
+        policy: &'a str,
+        selectors: &'a Selectors<'a>,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Checked, Error>>;
+    fn peek<'a>(
+        &'a self,
+        policy: &'a str,
+        selectors: &'a Selectors<'a>,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Checked, Error>>;
+    fn reset<'a>(
+        &'a self,
+        policy: &'a str,
+        selectors: &'a Selectors<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+    fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>>;
+}
+
+impl<S: Store> DynLimiter for Limiter<S> {
+    fn check<'a>(
+        &'a self,
+        policy: &'a str,
+        selectors: &'a Selectors<'a>,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Checked, Error>> {
+        Box::pin(Limiter::check(self, policy, selectors, cost))
+    }
+    fn peek<'a>(
+        &'a self,
+        policy: &'a str,
+        selectors: &'a Selectors<'a>,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Checked, Error>> {
+        Box::pin(Limiter::peek(self, policy, selectors, cost))
+    }
+    fn reset<'a>(
+        &'a self,
+        policy: &'a str,
+        selectors: &'a Selectors<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(Limiter::reset(self, policy, selectors))
+    }
+    fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+        Limiter::policy(self, name)
+    }
+}
+
+/// What to do with a request that lacks the value of some key (no `X-Api-Key` header, no
+/// `username` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WhenMissing {
+    /// Limit all such requests together, as if the value were empty. The default: leaving
+    /// a value out must not be a way around the limit.
+    #[default]
+    Share,
+    /// Do not limit such requests at all (another layer or the handler refuses them).
+    Skip,
+    /// Answer 400 with a problem+json body naming the missing selector.
+    Reject,
+}
+
+/// Counters a layer keeps about itself (read with `RateLimitLayer::stats`).
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub denied: AtomicU64,
+    pub shadow_denied: AtomicU64,
+    pub deny_listed: AtomicU64,
+    pub failed_open: AtomicU64,
+    pub failed_closed: AtomicU64,
+    pub outcome_unrecorded: AtomicU64,
+    pub challenges_offered: AtomicU64,
+    pub challenges_solved: AtomicU64,
+    pub challenges_refused: AtomicU64,
+}
+
+/// A snapshot of a layer's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LayerStats {
+    /// Requests refused with 429 (the ceiling included).
+    pub denied: u64,
+    /// Requests a shadow layer or policy would have refused, let through.
+    pub shadow_denied: u64,
+    /// Requests refused with 403 by the deny list.
+    pub deny_listed: u64,
+    /// Requests admitted because the limiter could not decide and the layer fails open.
+    pub failed_open: u64,
+    /// Requests answered 503 because the limiter could not decide.
+    pub failed_closed: u64,
+    /// Matching outcomes that could not be recorded (the limiter failed after the response).
+    pub outcome_unrecorded: u64,
+    pub challenges_offered: u64,
+    pub challenges_solved: u64,
+    pub challenges_refused: u64,
+}
+
+impl Stats {
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LayerStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LayerStats {
+            denied: get(&self.denied),
+            shadow_denied: get(&self.shadow_denied),
+            deny_listed: get(&self.deny_listed),
+            failed_open: get(&self.failed_open),
+            failed_closed: get(&self.failed_closed),
+            outcome_unrecorded: get(&self.outcome_unrecorded),
+            challenges_offered: get(&self.challenges_offered),
+            challenges_solved: get(&self.challenges_solved),
+            challenges_refused: get(&self.challenges_refused),
+        }
+    }
+}
+
+/// The challenge offered to denied clients, and the ceiling on what solving can buy.
+pub(crate) struct ChallengeConfig {
+    pub challenge: Arc<dyn Challenge>,
+    pub ceiling: String,
+    pub ceiling_fields: PolicyFields,
+    pub pardon: bool,
+}
+
+pub(crate) struct Config {
+    pub limiter: Arc<dyn DynLimiter>,
+    pub policy: String,
+    pub fields: PolicyFields,
+    /// Selector name and the key supplying it, in the order given.
+    pub keys: Vec<(String, Key)>,
+    pub needs_body: bool,
+    pub needs_client_ip: bool,
+    pub client_ip: ClientIpResolver,
+    pub filters: Filters,
+    pub shadow: bool,
+    pub outcomes: Option<Outcomes>,
+    pub headers: Headers,
+    pub when_missing: WhenMissing,
+    pub hooks: Hooks,
+    pub challenge: Option<ChallengeConfig>,
+    pub fail_open: bool,
+    pub wait_up_to: Option<Duration>,
+    pub max_body: usize,
+    pub stats: Stats,
+}
