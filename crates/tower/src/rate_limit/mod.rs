@@ -1,7 +1,10 @@
 //! The middleware itself: [`RateLimitLayer`] makes [`RateLimit`] services, whose
 //! [`ResponseFuture`] decides each hit.
 
+mod answer;
+mod challenge;
 mod config;
+mod decide;
 mod flow;
 mod future;
 mod layer;
