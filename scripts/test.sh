@@ -10,6 +10,7 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v memcached >/dev/null || missing+=(memcached)
 command -v curl >/dev/null || missing+=(curl)
+command -v faketime >/dev/null || missing+=(faketime)
 if ((${#missing[@]})); then
     echo "test.sh: installing ${missing[*]}" >&2
     sudo=""

@@ -6,6 +6,8 @@
 //! rule = "ip:10/m; ip+user:5/m"
 //! count_denied = true
 //! penalty = { base = "1s", factor = 2, max = "15m", forget_after = "1h" }
+//! failure = "local"   # when the store cannot answer: open, closed or local
+//! local_share = 0.5   # with local: the share of each limit this process may grant
 //! ```
 
 use std::collections::BTreeMap;
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sluice_core::{Algorithm, Penalty, Rule};
 use sluice_limiter::policy::CompiledPolicy;
-use sluice_limiter::{Policy, PolicyError};
+use sluice_limiter::{FailureMode, Policy, PolicyError};
 use toml::Spanned;
 
 use crate::duration::parse_duration;
@@ -39,6 +41,8 @@ struct RawPolicy {
     shadow: bool,
     #[serde(default)]
     count_denied: bool,
+    failure: Option<Spanned<String>>,
+    local_share: Option<Spanned<f64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,6 +147,33 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 .parse::<Algorithm>()
                 .map_err(|e| at(algorithm.span().start, field("algorithm"), e.to_string()))?;
         }
+        let share = raw_policy.local_share.as_ref();
+        policy.failure = match raw_policy.failure.as_ref() {
+            None if share.is_none() => FailureMode::default(),
+            Some(mode) if mode.get_ref() == "open" || mode.get_ref() == "closed" => {
+                if let Some(share) = share {
+                    let message = "local_share only applies to failure = \"local\"".to_owned();
+                    return Err(at(share.span().start, field("local_share"), message));
+                }
+                if mode.get_ref() == "open" {
+                    FailureMode::Open
+                } else {
+                    FailureMode::Closed
+                }
+            }
+            Some(mode) if mode.get_ref() != "local" => {
+                let message = format!(
+                    "`{}` is not a failure mode (open, closed, local)",
+                    mode.get_ref()
+                );
+                return Err(at(mode.span().start, field("failure"), message));
+            }
+            _ => match share {
+                None => FailureMode::LocalFull,
+                Some(share) => FailureMode::local(*share.get_ref())
+                    .map_err(|m| at(share.span().start, field("local_share"), m))?,
+            },
+        };
         if let Some(penalty) = &raw_policy.penalty {
             let p = penalty.get_ref();
             let duration = |value: &Spanned<String>, name: &str| {
@@ -220,6 +251,8 @@ namespace = "shop"
 algorithm = "sliding-window"
 count_denied = true
 shadow = true
+failure = "local"
+local_share = 0.25
 penalty = { base = "1s", factor = 3, max = "15m", forget_after = "1h" }
 "#;
         let config = parse(Path::new("x.toml"), text).unwrap();
@@ -229,6 +262,7 @@ penalty = { base = "1s", factor = 3, max = "15m", forget_after = "1h" }
         assert_eq!(policy.algorithm, Algorithm::SlidingWindow);
         assert!(policy.count_denied && policy.shadow);
         assert_eq!(policy.penalty.unwrap().factor(), 3);
+        assert_eq!(policy.failure, FailureMode::Local { share: 0.25 });
     }
 
     #[test]
@@ -267,6 +301,13 @@ penalty = { base = "1s", factor = 3, max = "15m", forget_after = "1h" }
             "[policies.api]\nrule = \"10/s\"\npenalty = { base = \"1 fortnight\", max = \"1m\", forget_after = \"1h\" }\n",
         );
         assert_eq!(e.field, "policies.api.penalty.base", "{e}");
+
+        let e = error("[policies.api]\nrule = \"10/s\"\nfailure = \"sometimes\"\n");
+        assert_eq!((e.line, e.field.as_str()), (3, "policies.api.failure"));
+        let e = error("[policies.api]\nrule = \"10/s\"\nfailure = \"local\"\nlocal_share = 1.5\n");
+        assert_eq!((e.line, e.field.as_str()), (4, "policies.api.local_share"));
+        let e = error("[policies.api]\nrule = \"10/s\"\nfailure = \"open\"\nlocal_share = 0.5\n");
+        assert_eq!(e.field, "policies.api.local_share");
 
         let e = error("[policies.api]\nrule = 10\n");
         assert_eq!(e.line, 2, "{e}");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sluice_cli::store_url::StoreChoice;
+use sluice_cli::store_url::AnyStore;
 use sluice_cli::{config, http, output, simulate, store_url};
 use sluice_core::{Algorithm, Rule};
 use sluice_limiter::{Limiter, MemoryStore, Policy};
@@ -216,32 +216,35 @@ fn serve(
             Vec::new()
         }
     };
-    let store = match store_url::open(store) {
-        Ok(s) => s,
-        Err(message) => {
-            eprintln!("sluice: --store: {message}");
-            return Ok(ExitCode::from(INVALID_INPUT));
-        }
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let StoreChoice::Memory(memory) = store;
-        let count = policies.len();
-        let limiter = Arc::new(
-            Limiter::builder(memory.clone())
-                .policies(policies)
-                .build()?,
-        );
-        // Expired state is dropped in the background so idle identifiers free their memory.
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(10));
-            loop {
-                tick.tick().await;
-                memory.sweep();
+        let store = match store_url::open(store).await {
+            Ok(s) => s,
+            Err(message) => {
+                eprintln!("sluice: --store: {message}");
+                return Ok(ExitCode::from(INVALID_INPUT));
             }
-        });
+        };
+        let count = policies.len();
+        let mut builder = Limiter::builder(store.clone()).policies(policies);
+        if store.is_remote() {
+            // Clients already denied are answered here; a reset made by another server is
+            // seen here within a second at most.
+            builder = builder.near_cache(100_000, Duration::from_secs(1));
+        }
+        let limiter = Arc::new(builder.build()?);
+        if let AnyStore::Memory(memory) = store {
+            // Expired state is dropped in the background so idle identifiers free memory.
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(10));
+                loop {
+                    tick.tick().await;
+                    memory.sweep();
+                }
+            });
+        }
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;

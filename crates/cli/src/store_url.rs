@@ -1,16 +1,82 @@
 //! `--store URL`: which store `sluice serve` runs on.
+//!
+//! - `memory://` or `memory://?max_identifiers=N`: this process's memory.
+//! - `redis://[user:pass@]host:port[/db][?timeout_ms=N]`, `rediss://...` (TLS),
+//!   `redis+cluster://host:port,host:port,...` (and `rediss+cluster://`): shared Redis.
+//!   `timeout_ms` (default 250) bounds each decision; past it the policy's failure mode
+//!   decides. Other query parameters go to the Redis client as they are.
 
-use sluice_limiter::MemoryStore;
+use std::time::Duration;
+
+use sluice_core::Decision;
 use sluice_limiter::memory::DEFAULT_MAX_IDENTIFIERS;
+use sluice_limiter::{Hit, MemoryStore, Store, StoreError};
+use sluice_redis::RedisStore;
 
-/// A store chosen by URL.
-pub enum StoreChoice {
-    /// `memory://` or `memory://?max_identifiers=N`.
+/// A store chosen at run time.
+#[derive(Clone)]
+pub enum AnyStore {
     Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
-/// Reads a store URL.
-pub fn open(url: &str) -> Result<StoreChoice, String> {
+impl AnyStore {
+    /// Whether decisions leave this process (and so the near cache saves round trips).
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, AnyStore::Memory(_))
+    }
+}
+
+impl Store for AnyStore {
+    async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.decide(hit).await,
+            AnyStore::Redis(store) => store.decide(hit).await,
+        }
+    }
+
+    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(store) => store.reset(identifiers).await,
+            AnyStore::Redis(store) => store.reset(identifiers).await,
+        }
+    }
+}
+
+/// Splits `url` into its base and the query parameters named in `ours`; the rest stay on
+/// the base.
+fn take_params(url: &str, ours: &[&str]) -> (String, Vec<(String, String)>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), Vec::new());
+    };
+    let mut kept = Vec::new();
+    let mut taken = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if ours.contains(&k) {
+            taken.push((k.to_owned(), v.to_owned()));
+        } else {
+            kept.push(pair);
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, taken)
+}
+
+fn positive(name: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|&n: &u64| n > 0)
+        .ok_or_else(|| format!("{name} `{value}` is not a positive number"))
+}
+
+/// Opens the store `url` names.
+pub async fn open(url: &str) -> Result<AnyStore, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| format!("`{url}` is not a store URL (expected e.g. `memory://`)"))?;
@@ -20,11 +86,7 @@ pub fn open(url: &str) -> Result<StoreChoice, String> {
             let query = rest.trim_start_matches('/').trim_start_matches('?');
             for pair in query.split('&').filter(|p| !p.is_empty()) {
                 match pair.split_once('=') {
-                    Some(("max_identifiers", v)) => {
-                        max = v.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| {
-                            format!("max_identifiers `{v}` is not a positive number")
-                        })?;
-                    }
+                    Some(("max_identifiers", v)) => max = positive("max_identifiers", v)? as usize,
                     _ => {
                         return Err(format!(
                             "unknown memory store option `{pair}` (known: max_identifiers)"
@@ -32,15 +94,45 @@ pub fn open(url: &str) -> Result<StoreChoice, String> {
                     }
                 }
             }
-            Ok(StoreChoice::Memory(
+            Ok(AnyStore::Memory(
                 MemoryStore::builder().max_identifiers(max).build(),
             ))
         }
-        "redis" | "rediss" | "redis+cluster" | "memcached" => Err(format!(
-            "the `{scheme}` store is not built yet; this sluice supports `memory://`"
-        )),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            let (base, params) = take_params(url, &["timeout_ms", "connect_timeout_ms"]);
+            let mut builder = RedisStore::builder(&base);
+            for (name, value) in params {
+                let ms = Duration::from_millis(positive(&name, &value)?);
+                builder = match name.as_str() {
+                    "timeout_ms" => builder.timeout(ms),
+                    _ => builder.connect_timeout(ms),
+                };
+            }
+            let store = builder
+                .connect()
+                .await
+                .map_err(|e| format!("{}: {e}", sluice_redis::url::redact(url)))?;
+            Ok(AnyStore::Redis(store))
+        }
+        "memcached" => Err("the `memcached` store is not built yet".into()),
         other => Err(format!(
-            "unknown store scheme `{other}` (expected memory://)"
+            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_our_parameters_off() {
+        let (url, ours) = take_params(
+            "redis://h:1/2?timeout_ms=50&protocol=resp3",
+            &["timeout_ms"],
+        );
+        assert_eq!(url, "redis://h:1/2?protocol=resp3");
+        assert_eq!(ours, [("timeout_ms".to_owned(), "50".to_owned())]);
+        assert_eq!(take_params("redis://h:1", &["timeout_ms"]).0, "redis://h:1");
     }
 }

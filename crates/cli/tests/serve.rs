@@ -1,142 +1,11 @@
 //! `sluice serve` as a user runs it: the real binary, driven by curl.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+mod support;
+
+use std::process::Command;
 
 use serde_json::Value;
-
-/// A running `sluice serve`, stopped (SIGTERM, then reaped) on drop.
-struct Server {
-    child: Child,
-    base: String,
-    _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Server {
-    fn start(config: &str) -> Server {
-        let dir = std::env::temp_dir().join(format!(
-            "sluice-serve-{}-{}",
-            std::process::id(),
-            rand_suffix()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("policies.toml");
-        std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start sluice");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("sluice listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Server {
-            child,
-            base,
-            _dir: TempDir(dir),
-        }
-    }
-
-    /// Stops the server with SIGTERM and returns whether it exited cleanly.
-    fn terminate(&mut self) -> bool {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        self.child.wait().unwrap().success()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
-/// One curl call: (status, body).
-fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
-    let mut command = Command::new("curl");
-    command.args(["-s", "-X", method, "-w", "\n%{http_code}", url]);
-    if let Some(body) = body {
-        command.args([
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            body,
-        ]);
-    }
-    let output = command.output().expect("run curl");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.parse().unwrap(), body.to_owned())
-}
-
-fn json(body: &str) -> Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-/// 50 concurrent curl processes, each sending `per_client` checks in one connection;
-/// returns the number admitted and the seconds the flood took.
-fn flood(server: &Server, policy: &str, per_client: usize) -> (usize, f64) {
-    let url = format!("{}/v1/check", server.base);
-    let body = format!(r#"{{"policy":"{policy}","selectors":{{"user":"u1"}}}}"#);
-    let started = Instant::now();
-    let clients: Vec<Child> = (0..50)
-        .map(|_| {
-            let mut command = Command::new("curl");
-            command.args(["-s", "-H", "content-type: application/json"]);
-            for _ in 0..per_client {
-                command.args(["--data-binary", &body, &url, "-w", "\n"]);
-                command.arg("--next");
-            }
-            command.args(["-s", "-o", "/dev/null", &format!("{}/health", server.base)]);
-            command.stdout(Stdio::piped()).spawn().expect("run curl")
-        })
-        .collect();
-    let mut admitted = 0;
-    let mut answered = 0;
-    for client in clients {
-        let output = client.wait_with_output().unwrap();
-        for line in String::from_utf8(output.stdout)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.is_empty())
-        {
-            answered += 1;
-            if json(line)["allowed"] == Value::Bool(true) {
-                admitted += 1;
-            }
-        }
-    }
-    assert_eq!(answered, 50 * per_client, "every request answered");
-    (admitted, started.elapsed().as_secs_f64())
-}
+use support::{Server, curl, flood, json};
 
 const CONFIG: &str = r#"
 [policies.log]
@@ -163,12 +32,12 @@ penalty = { base = "30s", factor = 2, max = "10m", forget_after = "1h" }
 fn fifty_concurrent_clients_get_exactly_the_limit() {
     let server = Server::start(CONFIG);
     for policy in ["log", "window", "compound"] {
-        let (admitted, _) = flood(&server, policy, 4);
+        let (admitted, _) = flood(&[&server], 50, policy, 4);
         assert_eq!(admitted, 100, "policy {policy}");
     }
     // GCRA refills one hit per 0.6 s: exactly 100 from the full bucket, plus at most what
     // refilled while the flood ran.
-    let (admitted, seconds) = flood(&server, "bucket", 4);
+    let (admitted, seconds) = flood(&[&server], 50, "bucket", 4);
     let refill = (seconds / 0.6).floor() as usize + 1;
     assert!(
         (100..=100 + refill).contains(&admitted),

@@ -34,6 +34,8 @@ pub enum Denial {
     CostExceedsCapacity,
     /// The key is serving a penalty timeout.
     Penalized,
+    /// The store could not decide and the policy fails closed.
+    StoreUnavailable,
 }
 
 impl Denial {
@@ -42,6 +44,7 @@ impl Denial {
             Denial::Limited => "limited",
             Denial::CostExceedsCapacity => "cost_exceeds_capacity",
             Denial::Penalized => "penalized",
+            Denial::StoreUnavailable => "store_unavailable",
         }
     }
 }

@@ -21,6 +21,9 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod failure;
 pub mod identifier;
 mod limiter;
 pub mod memory;
@@ -29,6 +32,7 @@ pub mod policy;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use failure::{FailureMode, LimiterStats};
 pub use limiter::{Checked, Error, Limiter, LimiterBuilder, Selectors};
 pub use memory::{MemoryStats, MemoryStore};
 pub use policy::{CompiledPolicy, Policy, PolicyError};

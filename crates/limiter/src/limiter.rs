@@ -2,19 +2,22 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use sluice_core::{Decision, Evaluation, Recording};
+use sluice_core::{Decision, Denial, Evaluation, Recording};
 
 use crate::clock::{Clock, SystemClock};
+use crate::failure::{Counters, FailureMode, LimiterStats, STORE_PAUSE};
 use crate::identifier::push_value;
+use crate::memory::MemoryStore;
 use crate::near_cache::NearCache;
 use crate::policy::{CompiledPolicy, Policy, PolicyError};
 use crate::store::{Hit, Store, StoreError};
 
 /// The answer of [`Limiter::check`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Checked {
     /// The decision as the caller should act on it. For a shadow policy, always allowed.
     pub decision: Decision,
@@ -22,6 +25,8 @@ pub struct Checked {
     pub shadow_denied: bool,
     /// Answered by the near cache, without asking the store.
     pub cached: bool,
+    /// The store could not decide; the policy's failure mode did (see [`FailureMode`]).
+    pub without_store: Option<FailureMode>,
 }
 
 /// Could not decide (being limited is not an error: see [`Decision`]).
@@ -48,12 +53,18 @@ pub type Selectors<'a> = [(&'a str, &'a str)];
 
 type Policies = HashMap<String, Arc<CompiledPolicy>>;
 
+/// Bound on identifiers the in-process fallback holds while the store is away.
+const FALLBACK_IDENTIFIERS: usize = 1 << 20;
+
 /// Named policies over a [`Store`].
 pub struct Limiter<S> {
     store: S,
     policies: RwLock<Arc<Policies>>,
     clock: Arc<dyn Clock>,
     near_cache: Option<NearCache>,
+    /// Decides for policies failing `local` while the store is away.
+    fallback: MemoryStore,
+    counters: Counters,
 }
 
 /// Configures a [`Limiter`].
@@ -91,11 +102,17 @@ impl<S: Store> LimiterBuilder<S> {
 
     pub fn build(self) -> Result<Limiter<S>, PolicyError> {
         let policies = compile_all(self.policies)?;
+        let fallback = MemoryStore::builder()
+            .clock(self.clock.clone())
+            .max_identifiers(FALLBACK_IDENTIFIERS)
+            .build();
         Ok(Limiter {
             store: self.store,
             policies: RwLock::new(Arc::new(policies)),
             clock: self.clock,
             near_cache: self.near_cache.map(|(n, ttl)| NearCache::new(n, ttl)),
+            fallback,
+            counters: Counters::default(),
         })
     }
 }
@@ -121,6 +138,11 @@ impl<S: Store> Limiter<S> {
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// Counts of near-cache answers, store errors and decisions taken without the store.
+    pub fn stats(&self) -> LimiterStats {
+        self.counters.snapshot()
     }
 
     /// The policy named `name`.
@@ -224,6 +246,7 @@ impl<S: Store> Limiter<S> {
         if let Some(cache) = cache
             && let Some(decision) = cache.get(policy.name(), &identifiers, cost, self.clock.now())
         {
+            Counters::bump(&self.counters.near_cache_hits);
             return Ok(finish(policy, decision, true));
         }
         let hit = Hit {
@@ -237,7 +260,28 @@ impl<S: Store> Limiter<S> {
             },
             penalty_identifier: penalty_id.as_deref(),
         };
-        let decision = self.store.decide(&hit).await?;
+        let paused = self.counters.store_paused_until.load(Ordering::Relaxed) > self.clock.now();
+        let result = if paused {
+            Err(StoreError::Unavailable(
+                "paused after a recent error".into(),
+            ))
+        } else {
+            self.store.decide(&hit).await
+        };
+        let decision = match result {
+            Ok(decision) => decision,
+            Err(error) if error.is_transient() => {
+                if !paused {
+                    Counters::bump(&self.counters.store_errors);
+                    let until = self.clock.now() + STORE_PAUSE.as_nanos() as u64;
+                    self.counters
+                        .store_paused_until
+                        .store(until, Ordering::Relaxed);
+                }
+                return Ok(self.without_store(policy, &hit));
+            }
+            Err(error) => return Err(error.into()),
+        };
         if let Some(cache) = cache
             && !decision.allowed
         {
@@ -250,6 +294,47 @@ impl<S: Store> Limiter<S> {
             );
         }
         Ok(finish(policy, decision, false))
+    }
+
+    /// Decides `hit` as the policy's failure mode says, counting it.
+    fn without_store(&self, policy: &CompiledPolicy, hit: &Hit<'_>) -> Checked {
+        let mode = policy.policy.failure;
+        let capacity = policy.quotas[0].capacity();
+        let decision = match (mode, &policy.local_quotas) {
+            (FailureMode::Open, _) => {
+                Counters::bump(&self.counters.failed_open);
+                Decision {
+                    allowed: true,
+                    limit: capacity,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    retry_after: None,
+                    denial: None,
+                    leaf: 0,
+                }
+            }
+            (_, Some(local)) => {
+                Counters::bump(&self.counters.failed_local);
+                let mut local_hit = *hit;
+                local_hit.evaluation.quotas = local;
+                self.fallback.decide_now(&local_hit)
+            }
+            _ => {
+                Counters::bump(&self.counters.failed_closed);
+                Decision {
+                    allowed: false,
+                    limit: capacity,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    retry_after: None,
+                    denial: Some(Denial::StoreUnavailable),
+                    leaf: 0,
+                }
+            }
+        };
+        let mut checked = finish(policy, decision, false);
+        checked.without_store = Some(mode);
+        checked
     }
 }
 
@@ -264,6 +349,7 @@ fn finish(policy: &CompiledPolicy, mut decision: Decision, cached: bool) -> Chec
         decision,
         shadow_denied,
         cached,
+        without_store: None,
     }
 }
 
@@ -289,18 +375,43 @@ fn leaf_identifier(
 ) -> Result<String, Error> {
     let mut id = String::with_capacity(leaf.prefix.len() + leaf.suffix.len() + 24);
     id.push_str(&leaf.prefix);
-    let names = leaf.leaf.selector.names();
+    push_values(
+        &mut id,
+        policy,
+        leaf.leaf.selector.names(),
+        leaf.tag_at,
+        selectors,
+    )?;
+    id.push_str(&leaf.suffix);
+    Ok(id)
+}
+
+/// Appends the selector values for `names`, `+`-joined, with the one at `tag_at` wrapped in
+/// a Redis Cluster hash tag; a global leaf (no names) gets the policy's tag.
+fn push_values(
+    id: &mut String,
+    policy: &CompiledPolicy,
+    names: &[String],
+    tag_at: Option<usize>,
+    selectors: &Selectors<'_>,
+) -> Result<(), Error> {
     if names.is_empty() {
-        id.push('*');
+        id.push_str(&policy.global_tag);
     }
     for (i, name) in names.iter().enumerate() {
         if i > 0 {
             id.push('+');
         }
-        push_value(&mut id, value(policy, selectors, name)?);
+        let tagged = tag_at == Some(i);
+        if tagged {
+            id.push('{');
+        }
+        push_value(id, value(policy, selectors, name)?);
+        if tagged {
+            id.push('}');
+        }
     }
-    id.push_str(&leaf.suffix);
-    Ok(id)
+    Ok(())
 }
 
 fn penalty_identifier(
@@ -313,15 +424,13 @@ fn penalty_identifier(
     // `namespace:key:names:values:penalty`: counters end in a rate, which always holds a
     // `/`, so a penalty record can never share a counter's name.
     let mut id = policy.penalty_prefix.clone();
-    if policy.penalty_names.is_empty() {
-        id.push('*');
-    }
-    for (i, name) in policy.penalty_names.iter().enumerate() {
-        if i > 0 {
-            id.push('+');
-        }
-        push_value(&mut id, value(policy, selectors, name)?);
-    }
+    push_values(
+        &mut id,
+        policy,
+        &policy.penalty_names,
+        policy.penalty_tag_at,
+        selectors,
+    )?;
     id.push_str(":penalty");
     Ok(Some(id))
 }

@@ -7,6 +7,8 @@ use sluice_core::algorithm::QuotaError;
 use sluice_core::parse::RuleError;
 use sluice_core::{Algorithm, Leaf, Penalty, Quota, Rule, Shape};
 
+use crate::failure::{FailureMode, local_quota};
+
 /// Namespace used when a policy names none.
 pub const DEFAULT_NAMESPACE: &str = "sluice";
 
@@ -26,6 +28,8 @@ pub struct Policy {
     pub shadow: bool,
     /// Denied attempts count too (login protection).
     pub count_denied: bool,
+    /// What to do when the store cannot decide in time.
+    pub failure: FailureMode,
 }
 
 impl Policy {
@@ -49,6 +53,7 @@ impl Policy {
             penalty: None,
             shadow: false,
             count_denied: false,
+            failure: FailureMode::default(),
         }
     }
 
@@ -74,6 +79,10 @@ impl Policy {
     }
     pub fn count_denied(mut self, count_denied: bool) -> Self {
         self.count_denied = count_denied;
+        self
+    }
+    pub fn failure(mut self, failure: FailureMode) -> Self {
+        self.failure = failure;
         self
     }
 }
@@ -107,6 +116,8 @@ pub struct CompiledLeaf {
     pub(crate) prefix: String,
     /// `:rate[~options]`, after the values.
     pub(crate) suffix: String,
+    /// Which selector value carries the Redis Cluster hash tag (`None`: a global leaf).
+    pub(crate) tag_at: Option<usize>,
 }
 
 /// A validated policy.
@@ -115,10 +126,15 @@ pub struct CompiledPolicy {
     pub policy: Policy,
     pub leaves: Vec<CompiledLeaf>,
     pub quotas: Vec<Quota>,
+    /// The quotas scaled to the local share, for deciding without the store.
+    pub local_quotas: Option<Vec<Quota>>,
     pub shape: Shape,
     /// Selector names of the penalty record: every name the rule uses, sorted.
     pub(crate) penalty_names: Vec<String>,
     pub(crate) penalty_prefix: String,
+    pub(crate) penalty_tag_at: Option<usize>,
+    /// The hash tag of global leaves: `{namespace:key}`.
+    pub(crate) global_tag: String,
 }
 
 fn check_name(name: &str) -> Result<(), PolicyError> {
@@ -144,6 +160,36 @@ impl CompiledPolicy {
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
         check_name(&key)?;
         check_name(&namespace)?;
+
+        // The first selector every leaf has carries the hash tag, so on Redis Cluster all of
+        // one hit's counters (and its penalty record) share a slot and one script call.
+        let mut common: Vec<&String> = policy
+            .rule
+            .leaves()
+            .first()
+            .map(|l| l.selector.names().iter().collect())
+            .unwrap_or_default();
+        common.sort();
+        let tag = common
+            .into_iter()
+            .find(|name| {
+                policy
+                    .rule
+                    .leaves()
+                    .iter()
+                    .all(|l| l.selector.names().contains(name))
+            })
+            .cloned();
+        let tag_in = |names: &[String]| -> Option<usize> {
+            if names.is_empty() {
+                return None;
+            }
+            Some(
+                tag.as_ref()
+                    .and_then(|t| names.iter().position(|n| n == t))
+                    .unwrap_or(0),
+            )
+        };
 
         let mut leaves: Vec<CompiledLeaf> = Vec::new();
         for leaf in policy.rule.leaves() {
@@ -174,6 +220,7 @@ impl CompiledPolicy {
                 quota,
                 prefix,
                 suffix,
+                tag_at: tag_in(leaf.selector.names()),
             });
         }
         let mut penalty_names: Vec<String> = leaves
@@ -187,11 +234,20 @@ impl CompiledPolicy {
         } else {
             penalty_names.join("+")
         };
+        let local_quotas = policy.failure.share().map(|share| {
+            leaves
+                .iter()
+                .map(|l| local_quota(&l.leaf, &l.quota, share))
+                .collect()
+        });
         Ok(CompiledPolicy {
             quotas: leaves.iter().map(|l| l.quota).collect(),
+            local_quotas,
             shape: policy.rule.shape(),
             penalty_prefix: format!("{namespace}:{key}:{penalty_selector}:"),
+            penalty_tag_at: tag_in(&penalty_names),
             penalty_names,
+            global_tag: format!("{{{namespace}:{key}}}"),
             leaves,
             policy,
         })

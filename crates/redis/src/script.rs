@@ -41,7 +41,11 @@ pub fn shape_text(shape: &Shape, out: &mut String) {
             let _ = write!(out, "l{i} ");
         }
         Shape::Or(children) | Shape::And(children) => {
-            let kind = if matches!(shape, Shape::Or(_)) { 'o' } else { 'a' };
+            let kind = if matches!(shape, Shape::Or(_)) {
+                'o'
+            } else {
+                'a'
+            };
             let _ = write!(out, "{kind}{} ", children.len());
             for child in children {
                 shape_text(child, out);
@@ -91,8 +95,19 @@ pub fn micro(quota: &Quota) -> Result<Quota, RedisError> {
 
 /// A reply `[allowed, limit, remaining, reset_after, retry_after, denial, leaf]`.
 pub fn decision(reply: &[i64]) -> Result<Decision, RedisError> {
-    let [allowed, limit, remaining, reset_after, retry_after, denial, leaf] = reply else {
-        return Err(RedisError::Reply(format!("expected 7 integers, got {reply:?}")));
+    let [
+        allowed,
+        limit,
+        remaining,
+        reset_after,
+        retry_after,
+        denial,
+        leaf,
+    ] = reply
+    else {
+        return Err(RedisError::Reply(format!(
+            "expected 7 integers, got {reply:?}"
+        )));
     };
     let denial = match denial {
         0 => None,
@@ -101,7 +116,8 @@ pub fn decision(reply: &[i64]) -> Result<Decision, RedisError> {
         3 => Some(Denial::Penalized),
         other => return Err(RedisError::Reply(format!("unknown denial code {other}"))),
     };
-    let count = |n: &i64| u64::try_from(*n).map_err(|_| RedisError::Reply(format!("negative value {n}")));
+    let count =
+        |n: &i64| u64::try_from(*n).map_err(|_| RedisError::Reply(format!("negative value {n}")));
     Ok(Decision {
         allowed: *allowed == 1,
         limit: count(limit)?,

@@ -61,12 +61,23 @@ impl RedisStore {
 /// ARGV after the mode for `leaves` of `hit`: cost, token, count, then each leaf's index
 /// and quota.
 fn leaf_args(hit: &Hit<'_>, leaves: &[usize], token: u64) -> Result<Vec<String>, RedisError> {
-    let mut args = vec![hit.evaluation.cost.to_string(), format!("{token:x}"), leaves.len().to_string()];
+    let mut args = vec![
+        hit.evaluation.cost.to_string(),
+        format!("{token:x}"),
+        leaves.len().to_string(),
+    ];
     for &i in leaves {
         let q = micro(&hit.evaluation.quotas[i])?;
         let code = crate::script::algorithm_code(q.algorithm());
         args.push(i.to_string());
-        for n in [u64::from(code), q.limit(), q.window_ticks(), q.interval_ticks(), q.burst(), u64::from(q.windows())] {
+        for n in [
+            u64::from(code),
+            q.limit(),
+            q.window_ticks(),
+            q.interval_ticks(),
+            q.burst(),
+            u64::from(q.windows()),
+        ] {
             args.push(n.to_string());
         }
     }
@@ -74,7 +85,11 @@ fn leaf_args(hit: &Hit<'_>, leaves: &[usize], token: u64) -> Result<Vec<String>,
 }
 
 fn penalty_args(hit: &Hit<'_>) -> Vec<String> {
-    let penalty = hit.evaluation.penalty.expect("called with a penalty").with_tick(TICK_NS);
+    let penalty = hit
+        .evaluation
+        .penalty
+        .expect("called with a penalty")
+        .with_tick(TICK_NS);
     let (base, factor, max, forget) = penalty.ticks();
     ["0".to_owned(), "0".to_owned(), "0".to_owned()]
         .into_iter()
@@ -83,10 +98,17 @@ fn penalty_args(hit: &Hit<'_>) -> Vec<String> {
 }
 
 /// Decides `hit` across slots (see the module documentation).
-pub async fn decide_across_slots(store: &RedisStore, hit: &Hit<'_>) -> Result<Decision, RedisError> {
+pub async fn decide_across_slots(
+    store: &RedisStore,
+    hit: &Hit<'_>,
+) -> Result<Decision, RedisError> {
     let ev = &hit.evaluation;
     if let Some(penalty_key) = hit.penalty_identifier {
-        let call = Call { mode: "pcheck", keys: vec![penalty_key], args: penalty_args(hit) };
+        let call = Call {
+            mode: "pcheck",
+            keys: vec![penalty_key],
+            args: penalty_args(hit),
+        };
         let wait: u64 = store.split_call(call).await?;
         if wait > 0 {
             let quota = micro(&ev.quotas[0])?;
@@ -107,13 +129,24 @@ pub async fn decide_across_slots(store: &RedisStore, hit: &Hit<'_>) -> Result<De
         groups.entry(slot(id)).or_default().push(i);
     }
     let token = store.next_token();
-    let mode = if ev.recording == Recording::Never { "judge" } else { "reserve" };
+    let mode = if ev.recording == Recording::Never {
+        "judge"
+    } else {
+        "reserve"
+    };
     let mut verdicts: Vec<Option<Verdict>> = vec![None; hit.identifiers.len()];
     let mut reserved: Vec<(Vec<usize>, u64)> = Vec::new();
     let mut denied_leaves: Vec<usize> = Vec::new();
     for leaves in groups.values() {
-        let keys = leaves.iter().map(|&i| hit.identifiers[i].as_str()).collect();
-        let call = Call { mode, keys, args: leaf_args(hit, leaves, token)? };
+        let keys = leaves
+            .iter()
+            .map(|&i| hit.identifiers[i].as_str())
+            .collect();
+        let call = Call {
+            mode,
+            keys,
+            args: leaf_args(hit, leaves, token)?,
+        };
         let reply: Vec<i64> = store.split_call(call).await?;
         if reply.len() != 1 + leaves.len() * 6 {
             return Err(RedisError::Reply(format!("reserve answered {reply:?}")));
@@ -144,28 +177,51 @@ pub async fn decide_across_slots(store: &RedisStore, hit: &Hit<'_>) -> Result<De
             reserved.push((taken, at));
         }
     }
-    let verdicts: Vec<Verdict> = verdicts.into_iter().map(|v| v.expect("every leaf judged")).collect();
+    let verdicts: Vec<Verdict> = verdicts
+        .into_iter()
+        .map(|v| v.expect("every leaf judged"))
+        .collect();
     let mut decision = decide_verdicts(ev.shape, &verdicts, TICK_NS);
 
-    let count_denied = ev.recording == Recording::Always && decision.denial != Some(Denial::CostExceedsCapacity);
+    let count_denied =
+        ev.recording == Recording::Always && decision.denial != Some(Denial::CostExceedsCapacity);
     if ev.recording != Recording::Never && ev.cost > 0 {
         if decision.allowed || count_denied {
             // Record the hit where it was not reserved, slot by slot.
             let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
             for &i in &denied_leaves {
-                by_slot.entry(slot(&hit.identifiers[i])).or_default().push(i);
+                by_slot
+                    .entry(slot(&hit.identifiers[i]))
+                    .or_default()
+                    .push(i);
             }
             for leaves in by_slot.values() {
-                let keys = leaves.iter().map(|&i| hit.identifiers[i].as_str()).collect();
-                let call = Call { mode: "commit", keys, args: leaf_args(hit, leaves, token)? };
+                let keys = leaves
+                    .iter()
+                    .map(|&i| hit.identifiers[i].as_str())
+                    .collect();
+                let call = Call {
+                    mode: "commit",
+                    keys,
+                    args: leaf_args(hit, leaves, token)?,
+                };
                 let _: i64 = store.split_call(call).await?;
             }
         } else {
             for (leaves, at) in &reserved {
-                let keys = leaves.iter().map(|&i| hit.identifiers[i].as_str()).collect();
+                let keys = leaves
+                    .iter()
+                    .map(|&i| hit.identifiers[i].as_str())
+                    .collect();
                 let mut args = leaf_args(hit, leaves, token)?;
                 args.push(at.to_string());
-                let _: i64 = store.split_call(Call { mode: "undo", keys, args }).await?;
+                let _: i64 = store
+                    .split_call(Call {
+                        mode: "undo",
+                        keys,
+                        args,
+                    })
+                    .await?;
             }
         }
     }
@@ -173,7 +229,11 @@ pub async fn decide_across_slots(store: &RedisStore, hit: &Hit<'_>) -> Result<De
     if let (Some(penalty_key), Some(Denial::Limited)) = (hit.penalty_identifier, decision.denial)
         && ev.recording != Recording::Never
     {
-        let call = Call { mode: "pstrike", keys: vec![penalty_key], args: penalty_args(hit) };
+        let call = Call {
+            mode: "pstrike",
+            keys: vec![penalty_key],
+            args: penalty_args(hit),
+        };
         let wait: u64 = store.split_call(call).await?;
         let wait = ticks(wait, TICK_NS);
         if decision.retry_after.is_none_or(|r| r < wait) {

@@ -125,7 +125,8 @@ impl RedisStore {
     }
 
     pub(crate) fn next_token(&self) -> u64 {
-        self.inner.token_seed
+        self.inner
+            .token_seed
             .wrapping_add(self.inner.tokens.fetch_add(1, Ordering::Relaxed))
     }
 
@@ -149,7 +150,12 @@ impl RedisStore {
     /// Decides `hit` in one script call. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
         let mut invocation = DECIDE.prepare_invoke();
-        for id in hit.identifiers.iter().map(String::as_str).chain(hit.penalty_identifier) {
+        for id in hit
+            .identifiers
+            .iter()
+            .map(String::as_str)
+            .chain(hit.penalty_identifier)
+        {
             invocation.key(id);
         }
         for arg in arguments(hit, self.next_token())? {
@@ -180,7 +186,11 @@ impl RedisStore {
 
 /// Whether all keys of a hit hash to one cluster slot.
 pub fn one_slot(hit: &Hit<'_>) -> bool {
-    let mut keys = hit.identifiers.iter().map(String::as_str).chain(hit.penalty_identifier);
+    let mut keys = hit
+        .identifiers
+        .iter()
+        .map(String::as_str)
+        .chain(hit.penalty_identifier);
     let first = keys.next().map(slot);
     keys.all(|k| Some(slot(k)) == first)
 }

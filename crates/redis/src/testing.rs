@@ -38,12 +38,17 @@ fn wait_ready(port: u16, within: Duration) -> io::Result<()> {
         if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
             stream.set_read_timeout(Some(Duration::from_millis(200)))?;
             let mut reply = [0u8; 7];
-            if stream.write_all(b"PING\r\n").is_ok() && stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n" {
+            if stream.write_all(b"PING\r\n").is_ok()
+                && stream.read_exact(&mut reply).is_ok()
+                && &reply == b"+PONG\r\n"
+            {
                 return Ok(());
             }
         }
         if Instant::now() > deadline {
-            return Err(io::Error::other(format!("redis on port {port} did not start")));
+            return Err(io::Error::other(format!(
+                "redis on port {port} did not start"
+            )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -146,7 +151,10 @@ impl RedisCluster {
                 "nodes.conf",
             ])?);
         }
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
@@ -183,7 +191,11 @@ impl RedisCluster {
 
     /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...`.
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         format!("redis+cluster://{}", nodes.join(","))
     }
 }

@@ -13,21 +13,44 @@ async fn exercise(url: &str, namespace: &str) {
             .build()
             .unwrap();
         for expected in (0..5).rev() {
-            let d = limiter.check("p", &[("user", "ann")], 1).await.unwrap().decision;
+            let d = limiter
+                .check("p", &[("user", "ann")], 1)
+                .await
+                .unwrap()
+                .decision;
             assert!(d.allowed, "{algorithm}: {d:?}");
             assert_eq!(d.remaining, expected, "{algorithm}");
         }
-        let d = limiter.check("p", &[("user", "ann")], 1).await.unwrap().decision;
+        let d = limiter
+            .check("p", &[("user", "ann")], 1)
+            .await
+            .unwrap()
+            .decision;
         assert!(!d.allowed, "{algorithm}");
         assert_eq!(d.denial, Some(Denial::Limited), "{algorithm}");
         assert!(d.retry_after.is_some(), "{algorithm}");
         // The global 8/h leaf has 3 left for others.
         for _ in 0..3 {
-            assert!(limiter.check("p", &[("user", "bob")], 1).await.unwrap().decision.allowed);
+            assert!(
+                limiter
+                    .check("p", &[("user", "bob")], 1)
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed
+            );
         }
-        let d = limiter.check("p", &[("user", "cat")], 1).await.unwrap().decision;
+        let d = limiter
+            .check("p", &[("user", "cat")], 1)
+            .await
+            .unwrap()
+            .decision;
         assert!(!d.allowed, "{algorithm}: the global leaf is spent");
-        let d = limiter.check("p", &[("user", "cat")], 9).await.unwrap().decision;
+        let d = limiter
+            .check("p", &[("user", "cat")], 9)
+            .await
+            .unwrap()
+            .decision;
         assert_eq!(d.denial, Some(Denial::CostExceedsCapacity));
     }
 }

@@ -1,0 +1,69 @@
+//! Several `sluice serve` processes sharing one Redis (standalone, then a 3-master Cluster)
+//! enforce one limit exactly, whatever their own clocks say.
+
+mod support;
+
+use sluice_redis::testing::{RedisCluster, RedisServer};
+use support::{Server, flood};
+
+const CONFIG: &str = r#"
+[policies.gcra]
+rule = "user:100/m"
+
+[policies.window]
+rule = "user:100/m"
+algorithm = "sliding-window"
+
+[policies.log]
+rule = "user:100/m"
+algorithm = "sliding-log"
+
+[policies.fixed]
+rule = "user:100/10y"
+algorithm = "fixed-window"
+
+[policies.compound]
+rule = "or(user:100/m, 1000/h)"
+algorithm = "sliding-log"
+"#;
+
+/// Whether libfaketime is installed (scripts/test.sh installs it).
+fn faketime() -> bool {
+    std::process::Command::new("faketime")
+        .args(["-f", "+365d", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// 64 clients over two servers, one of them with its clock a year ahead, on one identifier
+/// of `100/m`: exactly 100 admitted for every algorithm and a compound rule.
+fn two_servers_one_limit(store_url: &str) {
+    assert!(faketime(), "faketime is needed: apt-get install faketime");
+    let store = ["--store", store_url];
+    let a = Server::start_with(CONFIG, &store);
+    let b = Server::start_under(&["faketime", "-m", "-f", "+365d"], CONFIG, &store);
+    for policy in ["window", "log", "fixed", "compound"] {
+        let (admitted, _) = flood(&[&a, &b], 64, policy, 4);
+        assert_eq!(admitted, 100, "policy {policy} on {store_url}");
+    }
+    // GCRA refills one hit per 0.6 s of Redis time: exactly 100 from the full bucket, plus
+    // at most what refilled while the flood ran.
+    let (admitted, seconds) = flood(&[&a, &b], 64, "gcra", 4);
+    let refill = (seconds / 0.6).floor() as usize + 1;
+    assert!(
+        (100..=100 + refill).contains(&admitted),
+        "gcra admitted {admitted} in {seconds:.2}s"
+    );
+}
+
+#[test]
+fn two_servers_share_one_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    two_servers_one_limit(&redis.url());
+}
+
+#[test]
+fn two_servers_share_one_redis_cluster() {
+    let cluster = RedisCluster::start(3).expect("redis cluster");
+    two_servers_one_limit(&cluster.url());
+}

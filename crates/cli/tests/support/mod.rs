@@ -1,0 +1,162 @@
+//! Running `sluice serve` as a user does, and driving it with curl.
+
+#![allow(dead_code)] // each test file uses its own part of the harness
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use serde_json::Value;
+
+/// A running `sluice serve`, stopped (SIGTERM, then reaped) on drop.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Server {
+    pub fn start(config: &str) -> Server {
+        Server::start_with(config, &[])
+    }
+
+    /// Starts `sluice serve` with `extra` arguments (e.g. `--store URL`).
+    pub fn start_with(config: &str, extra: &[&str]) -> Server {
+        Server::start_under(&[], config, extra)
+    }
+
+    /// Starts `sluice serve` through a wrapper command (e.g. `faketime -m -f +365d`).
+    pub fn start_under(wrapper: &[&str], config: &str, extra: &[&str]) -> Server {
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-serve-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("policies.toml");
+        std::fs::write(&path, config).unwrap();
+        let binary = env!("CARGO_BIN_EXE_sluice");
+        let (program, before) = match wrapper.split_first() {
+            Some((program, args)) => (*program, [args, &[binary]].concat()),
+            None => (binary, Vec::new()),
+        };
+        let mut child = Command::new(program)
+            .args(before)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sluice");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let base = line
+            .trim()
+            .strip_prefix("sluice listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Server {
+            child,
+            base,
+            _dir: TempDir(dir),
+        }
+    }
+
+    /// Stops the server with SIGTERM and returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap().success()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// One curl call: (status, body).
+pub fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let mut command = Command::new("curl");
+    command.args(["-s", "-X", method, "-w", "\n%{http_code}", url]);
+    if let Some(body) = body {
+        command.args([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            body,
+        ]);
+    }
+    let output = command.output().expect("run curl");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.parse().unwrap(), body.to_owned())
+}
+
+pub fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// `clients` concurrent curl processes, spread round-robin over `servers`, each sending
+/// `per_client` checks of `policy` for user `u1` over one connection; returns the number
+/// admitted and the seconds the flood took.
+pub fn flood(servers: &[&Server], clients: usize, policy: &str, per_client: usize) -> (usize, f64) {
+    let body = format!(r#"{{"policy":"{policy}","selectors":{{"user":"u1"}}}}"#);
+    let started = Instant::now();
+    let children: Vec<Child> = (0..clients)
+        .map(|i| {
+            let server = servers[i % servers.len()];
+            let url = format!("{}/v1/check", server.base);
+            let mut command = Command::new("curl");
+            command.args(["-s", "-H", "content-type: application/json"]);
+            for _ in 0..per_client {
+                command.args(["--data-binary", &body, &url, "-w", "\n"]);
+                command.arg("--next");
+            }
+            command.args(["-s", "-o", "/dev/null", &format!("{}/health", server.base)]);
+            command.stdout(Stdio::piped()).spawn().expect("run curl")
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut answered = 0;
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        for line in String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.is_empty())
+        {
+            answered += 1;
+            let decision = json(line);
+            assert!(decision.get("error").is_none(), "{line}");
+            if decision["allowed"] == Value::Bool(true) {
+                admitted += 1;
+            }
+        }
+    }
+    assert_eq!(answered, clients * per_client, "every request answered");
+    (admitted, started.elapsed().as_secs_f64())
+}
