@@ -150,11 +150,19 @@ impl ClientIpResolver {
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// The socket peer: axum's `ConnectInfo<SocketAddr>`, else a [`PeerAddr`].
+/// The socket peer: axum's `ConnectInfo<SocketAddr>`, tonic's `TcpConnectInfo` (with the
+/// `tonic` feature), else a [`PeerAddr`].
 pub fn peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0);
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr);
     }
     extensions.get::<PeerAddr>().map(|p| p.0)
 }
