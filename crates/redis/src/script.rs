@@ -13,12 +13,35 @@ use crate::RedisError;
 /// that every time the script handles stays exact in a Lua double.
 pub const TICK_NS: u64 = 1_000;
 
+/// A script sent by its SHA1 (EVALSHA), or whole (EVAL) when the server has lost it.
+pub struct Lua {
+    pub source: &'static str,
+    pub sha: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+}
+
 /// The algorithms (shared with the test entry point) followed by the production entry,
 /// which reads the time from Redis.
-pub static DECIDE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
+pub static DECIDE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
         include_str!("lua/decide.lua")
+    ))
+});
+
+/// The algorithms followed by the per-slot entry for rules spread over cluster slots.
+pub static SPLIT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/split.lua")
     ))
 });
 

@@ -26,17 +26,9 @@ use sluice_core::{Decision, Denial, Recording, Retry, Verdict, decide_verdicts};
 use sluice_limiter::Hit;
 
 use crate::RedisError;
-use crate::script::{TICK_NS, micro};
+use crate::script::{SPLIT, TICK_NS, micro};
 use crate::slot::slot;
 use crate::store::RedisStore;
-
-/// The split-mode script: the algorithms and the per-slot entry point.
-static SPLIT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(concat!(
-        include_str!("lua/algorithms.lua"),
-        include_str!("lua/split.lua")
-    ))
-});
 
 struct Call<'a> {
     mode: &'a str,
@@ -46,15 +38,10 @@ struct Call<'a> {
 
 impl RedisStore {
     async fn split_call<T: redis::FromRedisValue>(&self, call: Call<'_>) -> Result<T, RedisError> {
-        let mut invocation = SPLIT.prepare_invoke();
-        for key in &call.keys {
-            invocation.key(*key);
-        }
-        invocation.arg(call.mode);
-        for arg in &call.args {
-            invocation.arg(arg);
-        }
-        self.run_script(&invocation).await
+        let mut args = Vec::with_capacity(call.args.len() + 1);
+        args.push(call.mode.to_owned());
+        args.extend(call.args);
+        self.eval(&SPLIT, &call.keys, &args).await
     }
 }
 

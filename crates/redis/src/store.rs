@@ -7,13 +7,32 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, ServerErrorKind};
 use sluice_core::Decision;
 use sluice_limiter::{Hit, Store, StoreError};
 
 use crate::RedisError;
-use crate::script::{DECIDE, arguments, decision};
+use crate::script::{DECIDE, Lua, arguments, decision};
 use crate::slot::slot;
 use crate::url::{Target, parse};
+
+/// Extra tries for a script the server answered without running (MOVED, ASK, TRYAGAIN,
+/// CLUSTERDOWN, LOADING), beyond the client's own.
+const MAX_REDIRECTS: u32 = 8;
+
+/// Whether the reply proves the command did not run, so sending it again cannot count twice.
+fn not_executed(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::BusyLoading
+        )
+    )
+}
 
 /// Time allowed for one decision when the builder sets none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -130,38 +149,70 @@ impl RedisStore {
             .wrapping_add(self.inner.tokens.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Runs a script invocation on the connection within the timeout.
-    pub(crate) async fn run_script<T: redis::FromRedisValue>(
+    /// Runs `cmd` once on the connection.
+    async fn send<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match &self.inner.connection {
+            Connection::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs `lua` by its SHA1, sending the whole script when the server has lost it (after
+    /// a restart, a failover or SCRIPT FLUSH), and retrying redirections that outlast the
+    /// client's own retries (a slot mid-migration, a cluster settling on a new owner).
+    /// Only replies that prove the script did not run are retried, so nothing counts twice.
+    /// Everything happens within the store's timeout.
+    pub(crate) async fn eval<T: redis::FromRedisValue>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        lua: &Lua,
+        keys: &[&str],
+        args: &[String],
     ) -> Result<T, RedisError> {
         let call = async {
-            match &self.inner.connection {
-                Connection::Standalone(c) => invocation.invoke_async(&mut c.clone()).await,
-                Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            let mut whole = false;
+            let mut attempt = 0u32;
+            loop {
+                let mut cmd = if whole {
+                    let mut c = redis::cmd("EVAL");
+                    c.arg(lua.source);
+                    c
+                } else {
+                    let mut c = redis::cmd("EVALSHA");
+                    c.arg(&lua.sha);
+                    c
+                };
+                cmd.arg(keys.len()).arg(keys).arg(args);
+                match self.send(&cmd).await {
+                    Ok(value) => return Ok(value),
+                    Err(e)
+                        if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !whole =>
+                    {
+                        whole = true;
+                    }
+                    Err(e) if not_executed(&e) && attempt < MAX_REDIRECTS => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+                    }
+                    Err(e) => return Err(RedisError::from(e)),
+                }
             }
         };
         match tokio::time::timeout(self.inner.timeout, call).await {
-            Ok(result) => Ok(result?),
+            Ok(result) => result,
             Err(_) => Err(RedisError::Timeout(self.inner.timeout)),
         }
     }
 
     /// Decides `hit` in one script call. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
-        let mut invocation = DECIDE.prepare_invoke();
-        for id in hit
+        let keys: Vec<&str> = hit
             .identifiers
             .iter()
             .map(String::as_str)
             .chain(hit.penalty_identifier)
-        {
-            invocation.key(id);
-        }
-        for arg in arguments(hit, self.next_token())? {
-            invocation.arg(arg);
-        }
-        let reply: Vec<i64> = self.run_script(&invocation).await?;
+            .collect();
+        let args = arguments(hit, self.next_token())?;
+        let reply: Vec<i64> = self.eval(&DECIDE, &keys, &args).await?;
         decision(&reply)
     }
 
@@ -170,13 +221,7 @@ impl RedisStore {
         for key in keys {
             let mut cmd = redis::cmd("DEL");
             cmd.arg(key);
-            let call = async {
-                match &self.inner.connection {
-                    Connection::Standalone(c) => cmd.query_async::<()>(&mut c.clone()).await,
-                    Connection::Cluster(c) => cmd.query_async::<()>(&mut c.clone()).await,
-                }
-            };
-            tokio::time::timeout(self.inner.timeout, call)
+            tokio::time::timeout(self.inner.timeout, self.send::<()>(&cmd))
                 .await
                 .map_err(|_| RedisError::Timeout(self.inner.timeout))??;
         }

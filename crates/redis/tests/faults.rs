@@ -1,0 +1,250 @@
+//! Faults on real servers: Redis killed mid-load, scripts flushed mid-load, and a slot
+//! migrating between cluster nodes mid-load.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_limiter::{Checked, Denial, FailureMode, Limiter, Policy};
+use sluice_redis::RedisStore;
+use sluice_redis::testing::{RedisCluster, RedisServer};
+use tokio::task::JoinSet;
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+
+async fn limiter(url: &str, policies: Vec<Policy>) -> Arc<Limiter<RedisStore>> {
+    let store = RedisStore::builder(url)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .expect("connect");
+    Arc::new(Limiter::builder(store).policies(policies).build().unwrap())
+}
+
+/// Runs `per_task` checks of `policy` for `user` on each of `tasks` tasks, and returns every
+/// answer with how long it took.
+async fn load(
+    limiter: &Arc<Limiter<RedisStore>>,
+    policy: &'static str,
+    user: &'static str,
+    tasks: usize,
+    per_task: usize,
+) -> Vec<(Checked, Duration)> {
+    let mut set = JoinSet::new();
+    for _ in 0..tasks {
+        let limiter = limiter.clone();
+        set.spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..per_task {
+                let started = Instant::now();
+                let checked = limiter
+                    .check(policy, &[("user", user)], 1)
+                    .await
+                    .expect("a decision");
+                answers.push((checked, started.elapsed()));
+            }
+            answers
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(answers) = set.join_next().await {
+        all.extend(answers.expect("no panic"));
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_redis_follows_the_failure_mode_then_recovers() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let policies = vec![
+        Policy::new("open", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::Open),
+        Policy::new("closed", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::Closed),
+        Policy::new("local", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::local(0.01).unwrap()),
+    ];
+    let limiter = limiter(&redis.url(), policies).await;
+    assert!(
+        load(&limiter, "open", "a", 8, 10)
+            .await
+            .iter()
+            .all(|(c, _)| c.without_store.is_none())
+    );
+
+    redis.kill();
+    for (policy, check) in [
+        (
+            "open",
+            (|c: &Checked| c.decision.allowed) as fn(&Checked) -> bool,
+        ),
+        ("closed", |c: &Checked| {
+            c.decision.denial == Some(Denial::StoreUnavailable)
+        }),
+        ("local", |c: &Checked| c.without_store.is_some()),
+    ] {
+        let answers = load(&limiter, policy, "a", 8, 10).await;
+        for (checked, took) in &answers {
+            assert!(checked.without_store.is_some(), "{policy}: {checked:?}");
+            assert!(check(checked), "{policy}: {checked:?}");
+            // No hang: at most the store timeout (plus scheduling) per decision.
+            assert!(
+                *took < TIMEOUT + Duration::from_millis(800),
+                "{policy} took {took:?}"
+            );
+        }
+    }
+    // Local with 1% of 1000/h: 10 admitted for user `a` while Redis is away.
+    let local_admitted = load(&limiter, "local", "b", 4, 10)
+        .await
+        .iter()
+        .filter(|(c, _)| c.decision.allowed)
+        .count();
+    assert_eq!(local_admitted, 10);
+    let stats = limiter.stats();
+    assert!(
+        stats.failed_open >= 80 && stats.failed_closed >= 80 && stats.failed_local >= 120,
+        "{stats:?}"
+    );
+
+    redis.restart().expect("restart redis");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let checked = limiter.check("closed", &[("user", "c")], 1).await.unwrap();
+        if checked.without_store.is_none() {
+            assert!(checked.decision.allowed);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "decisions did not return to redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await; // waiting on a real restart
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn script_flush_mid_load_loses_no_decision() {
+    let redis = RedisServer::start().expect("redis-server");
+    let policies = vec![Policy::new("log", "user:500/h algorithm=sliding-log").unwrap()];
+    let limiter = limiter(&redis.url(), policies).await;
+    let flusher = {
+        let port = redis.port().to_string();
+        tokio::task::spawn_blocking(move || {
+            for _ in 0..20 {
+                let status = std::process::Command::new("redis-cli")
+                    .args(["-p", &port, "SCRIPT", "FLUSH"])
+                    .output()
+                    .expect("redis-cli");
+                assert!(status.status.success());
+            }
+        })
+    };
+    let answers = load(&limiter, "log", "flushed", 16, 50).await;
+    flusher.await.unwrap();
+    assert!(
+        answers.iter().all(|(c, _)| c.without_store.is_none()),
+        "every decision by redis"
+    );
+    let admitted = answers.iter().filter(|(c, _)| c.decision.allowed).count();
+    assert_eq!(
+        admitted, 500,
+        "exactly the limit, with scripts reloaded as needed"
+    );
+}
+
+fn node_id(node: &RedisServer) -> String {
+    node.cli(&["CLUSTER", "MYID"]).unwrap().trim().to_owned()
+}
+
+/// Moves `slot` from `from` to `to` while clients keep using it: IMPORTING/MIGRATING, key
+/// by key MIGRATE, then the new owner announced to every node.
+fn migrate_slot(cluster: &RedisCluster, slot: u16, from: usize, to: usize) {
+    let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let slot = slot.to_string();
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    assert!(
+        target
+            .cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id])
+            .unwrap()
+            .contains("OK")
+    );
+    assert!(
+        source
+            .cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id])
+            .unwrap()
+            .contains("OK")
+    );
+    for _ in 0..50 {
+        let keys = source
+            .cli(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"])
+            .unwrap();
+        let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        if keys.is_empty() {
+            break;
+        }
+        let port = target.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys);
+        source.cli(&args).unwrap();
+        std::thread::sleep(Duration::from_millis(20)); // let the load touch the slot mid-move
+    }
+    for node in &cluster.nodes {
+        node.cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id])
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_migrating_under_load_changes_nothing() {
+    let cluster = RedisCluster::start(3).expect("cluster");
+    let policies = vec![Policy::new("log", "user:300/h algorithm=sliding-log").unwrap()];
+    let limiter = limiter(&cluster.url(), policies).await;
+    // Warm the identifier so its key exists on its owner before the move.
+    assert!(
+        limiter
+            .check("log", &[("user", "hot")], 1)
+            .await
+            .unwrap()
+            .decision
+            .allowed
+    );
+    let slot = sluice_redis::slot::slot("{hot}");
+    let owner = cluster
+        .nodes
+        .iter()
+        .position(|n| {
+            n.cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
+                .unwrap()
+                .trim()
+                != "0"
+        })
+        .expect("one node owns the key");
+    let to = (owner + 1) % cluster.nodes.len();
+
+    let loader = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { load(&limiter, "log", "hot", 8, 60).await })
+    };
+    let moved = {
+        let cluster = &cluster;
+        tokio::task::block_in_place(|| migrate_slot(cluster, slot, owner, to))
+    };
+    let _ = moved;
+    let answers = loader.await.expect("no panic");
+    assert!(
+        answers.iter().all(|(c, _)| c.without_store.is_none()),
+        "no error reached the caller"
+    );
+    let admitted = answers.iter().filter(|(c, _)| c.decision.allowed).count();
+    assert_eq!(
+        admitted, 299,
+        "exactly the limit across the move (1 admitted before it)"
+    );
+    let now_on = cluster.nodes[to]
+        .cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
+        .unwrap();
+    assert_ne!(now_on.trim(), "0", "the key now lives on the new owner");
+}
