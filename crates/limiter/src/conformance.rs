@@ -28,10 +28,13 @@
 //! ```
 //!
 //! The macro writes one `#[test]` per case, named after it, each on its own multi-threaded
-//! tokio runtime (4 workers); the factory expression is evaluated inside that runtime, once
-//! per case. To run the suite twice in one file (standalone and Cluster), call the macro in
-//! two modules. [`run_all`] runs every case in one test instead, and each case is a public
-//! `async fn` taking `&impl StoreFactory`, for a store that must skip or wrap one.
+//! tokio runtime (4 workers). The factory expression is evaluated inside that runtime, once
+//! per case, and may `.await` (to connect, say):
+//! `conformance_tests!(RedisFactory::connect(url).await)`. A case asks the factory for at
+//! most two stores, so a factory may hand out clients round-robin from a pool of two. To run
+//! the suite twice in one file (standalone and Cluster), call the macro in two modules.
+//! [`run_all`] runs every case in one test instead, and each case is a public `async fn`
+//! taking `&impl StoreFactory`, for a store that must skip or wrap one.
 //!
 //! Every case works in a namespace of its own (counters persist in a shared store between
 //! tests and runs) and on real time: stores keep their own clocks, so no case can move time.
@@ -53,23 +56,23 @@ use std::time::Duration;
 
 use crate::store::Store;
 
+mod answers;
+mod denials;
 mod exact;
-mod flags;
 mod harness;
 mod requests;
+mod servers;
 
+pub use answers::{near_cache_answers_denied, shadow_admits_and_counts};
+pub use denials::{count_denied_counts_denials, penalties_box_and_grow};
 pub use exact::{
     costs_above_one, exact_compound_rules, exact_numbers, exact_under_concurrency_each_algorithm,
-    two_servers_share_one_limit,
-};
-pub use flags::{
-    count_denied_counts_denials, near_cache_answers_denied, penalties_box_and_grow,
-    shadow_admits_and_counts,
 };
 pub use requests::{
     cost_above_capacity_is_never, peek_and_cost_zero_record_nothing, reset_pardons_one_key_only,
     special_selector_values,
 };
+pub use servers::two_servers_share_one_limit;
 
 /// Makes the stores a case runs on. Every store it returns must share one state (clients of
 /// one server, clones of one memory store): cases use several at once as several app servers.
@@ -113,9 +116,9 @@ pub async fn run_all<F: StoreFactory>(factory: &F) {
     near_cache_answers_denied(factory).await;
 }
 
-/// Runs one case on a new 4-worker tokio runtime, failing it after [`CASE_TIMEOUT`].
-/// Used by [`conformance_tests!`](crate::conformance_tests).
-#[doc(hidden)]
+/// Runs `future` (one case, or [`run_all`]) on a new 4-worker tokio runtime, failing it
+/// after [`CASE_TIMEOUT`]: what [`conformance_tests!`](crate::conformance_tests) writes in
+/// each test, for hand-written ones.
 pub fn block_on(case: &str, future: impl Future<Output = ()>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)

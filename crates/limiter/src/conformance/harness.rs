@@ -15,6 +15,9 @@ use crate::{Checked, Limiter, Policy, Selectors, Store};
 pub(crate) const ALICE: &Selectors<'static> = &[("user", "alice")];
 pub(crate) const BOB: &Selectors<'static> = &[("user", "bob")];
 
+/// Concurrent tasks in every race.
+pub(crate) const TASKS: usize = 64;
+
 pub(crate) const MINUTE: Duration = Duration::from_secs(60);
 pub(crate) const HOUR: Duration = Duration::from_secs(3_600);
 
