@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. Installs what the tests need where it is missing
-# (Debian packages: redis-server, redis-tools, memcached, curl); tests start their own
+# (Debian packages: redis-server, redis-tools, memcached, curl, faketime, openssl); tests
+# start their own
 # servers on free ports and stop them by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v memcached >/dev/null || missing+=(memcached)
 command -v curl >/dev/null || missing+=(curl)
 command -v faketime >/dev/null || missing+=(faketime)
+command -v openssl >/dev/null || missing+=(openssl)
 if ((${#missing[@]})); then
     echo "test.sh: installing ${missing[*]}" >&2
     sudo=""

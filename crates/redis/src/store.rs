@@ -14,7 +14,7 @@ use sluice_limiter::{Hit, Store, StoreError};
 use crate::RedisError;
 use crate::script::{DECIDE, Lua, arguments, decision};
 use crate::slot::slot;
-use crate::url::{Target, parse};
+use crate::url::{Target, parse_url};
 
 /// Extra tries for a script the server answered without running (MOVED, ASK, TRYAGAIN,
 /// CLUSTERDOWN, LOADING), beyond the client's own.
@@ -82,9 +82,22 @@ impl RedisStoreBuilder {
     /// Connects (to every seed node's cluster, for a cluster URL).
     pub async fn connect(self) -> Result<RedisStore, RedisError> {
         install_crypto();
-        let connection = match parse(&self.url)? {
+        let parsed = parse_url(&self.url)?;
+        let certs = match &parsed.tls_ca {
+            Some(path) => Some(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(path).map_err(|e| {
+                    RedisError::Url(format!("cannot read tls_ca {}: {e}", path.display()))
+                })?),
+            }),
+            None => None,
+        };
+        let connection = match parsed.target {
             Target::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let client = match certs {
+                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs)?,
+                    None => redis::Client::open(url.as_str())?,
+                };
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.timeout))
@@ -93,7 +106,11 @@ impl RedisStoreBuilder {
                 Connection::Standalone(ConnectionManager::new_with_config(client, config).await?)
             }
             Target::Cluster(nodes) => {
-                let client = ClusterClientBuilder::new(nodes)
+                let mut builder = ClusterClientBuilder::new(nodes);
+                if let Some(certs) = certs {
+                    builder = builder.certs(certs);
+                }
+                let client = builder
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.timeout)
                     .retries(3)

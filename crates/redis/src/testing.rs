@@ -20,7 +20,7 @@ pub struct RedisServer {
 static INSTANCES: AtomicU32 = AtomicU32::new(0);
 
 /// A port that is free now, with `port + 10000` (a cluster node's bus port) free too.
-fn free_port() -> io::Result<u16> {
+pub fn free_port() -> io::Result<u16> {
     for _ in 0..200 {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();

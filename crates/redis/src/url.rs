@@ -12,6 +12,32 @@ pub enum Target {
     Cluster(Vec<String>),
 }
 
+/// A parsed store URL: the target and, for TLS with a private CA, the CA's PEM file
+/// (`?tls_ca=/path/ca.pem`; without it the public web roots are trusted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    pub target: Target,
+    pub tls_ca: Option<std::path::PathBuf>,
+}
+
+/// Reads a store URL, taking off the parameters that are ours (`tls_ca`).
+pub fn parse_url(url: &str) -> Result<Parsed, RedisError> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut tls_ca = None;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("tls_ca", path)) => tls_ca = Some(std::path::PathBuf::from(path)),
+            _ => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
+    if tls_ca.is_some() && !url.starts_with("rediss") {
+        return Err(RedisError::Url(format!("`{}`: tls_ca needs rediss://", redact(&url))));
+    }
+    Ok(Parsed { target: parse(&url)?, tls_ca })
+}
+
 /// Reads a store URL.
 pub fn parse(url: &str) -> Result<Target, RedisError> {
     let bad = |why: &str| RedisError::Url(format!("`{}`: {why}", redact(url)));
@@ -82,6 +108,10 @@ mod tests {
         assert!(parse("redis+cluster://a").is_err());
         assert!(parse("http://a:1").is_err());
         assert!(parse("redis://").is_err());
+        let parsed = parse_url("rediss://h:1/0?tls_ca=/tmp/ca.pem&protocol=resp3").unwrap();
+        assert_eq!(parsed.tls_ca.as_deref(), Some(std::path::Path::new("/tmp/ca.pem")));
+        assert_eq!(parsed.target, Target::Standalone("rediss://h:1/0?protocol=resp3".into()));
+        assert!(parse_url("redis://h:1?tls_ca=/x").is_err());
         let error = parse("ftp://user:secret@host").unwrap_err().to_string();
         assert!(!error.contains("secret"), "{error}");
     }
