@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. Installs what the tests need where it is missing
-# (Debian packages: redis-server, redis-tools, memcached, curl, faketime, openssl); tests
-# start their own
-# servers on free ports and stop them by PID.
+# (Debian packages: redis-server, redis-tools, memcached, curl, faketime, openssl);
+# tests start their own servers on free ports and stop them by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
