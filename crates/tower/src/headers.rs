@@ -6,8 +6,11 @@
 //! early. `t` and `X-RateLimit-Reset` are the seconds until the deciding limit is back to
 //! full (`reset_after`); `Retry-After` is the exact wait for this request, on denials only.
 
+use std::fmt::Write;
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sluice_core::Decision;
 use sluice_limiter::CompiledPolicy;
@@ -103,19 +106,22 @@ impl PolicyFields {
         which: Headers,
     ) {
         let reset = ceil_secs(decision.reset_after);
+        // One growth of the map instead of several.
+        headers.reserve(6);
         if which.ietf {
             headers.insert(RATELIMIT_POLICY.clone(), self.policy.clone());
             let id = self.ids.get(decision.leaf).unwrap_or(&self.ids[0]);
-            let value = format!("{id};r={};t={reset}", decision.remaining);
+            let mut value = String::with_capacity(id.len() + 24);
+            let _ = write!(value, "{id};r={};t={reset}", decision.remaining);
             headers.insert(
                 RATELIMIT.clone(),
-                HeaderValue::from_str(&value).expect("visible ASCII"),
+                HeaderValue::from_maybe_shared(Bytes::from(value)).expect("visible ASCII"),
             );
         }
         if which.x_ratelimit {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), decision.limit.into());
-            headers.insert(X_RATELIMIT_REMAINING.clone(), decision.remaining.into());
-            headers.insert(X_RATELIMIT_RESET.clone(), reset.into());
+            headers.insert(X_RATELIMIT_LIMIT.clone(), integer(decision.limit));
+            headers.insert(X_RATELIMIT_REMAINING.clone(), integer(decision.remaining));
+            headers.insert(X_RATELIMIT_RESET.clone(), integer(reset));
         }
         if denied && which.retry_after {
             retry_after(headers, decision.retry_after);
@@ -126,7 +132,38 @@ impl PolicyFields {
 /// `Retry-After` in whole seconds (rounded up), when a wait is known.
 pub(crate) fn retry_after(headers: &mut HeaderMap, wait: Option<Duration>) {
     if let Some(wait) = wait {
-        headers.insert(http::header::RETRY_AFTER, ceil_secs(wait).into());
+        headers.insert(http::header::RETRY_AFTER, integer(ceil_secs(wait)));
+    }
+}
+
+/// Integers below this come from a table made once.
+const SMALL: u64 = 4096;
+
+/// The header value of `n`. Nearly every count and reset is small: those are static values
+/// made once, so a response's fields cost no allocation each (the table is one string of
+/// about 15 KiB, kept for the life of the process).
+fn integer(n: u64) -> HeaderValue {
+    static TABLE: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(SMALL as usize);
+        for i in 0..SMALL {
+            let _ = write!(text, "{i}");
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    match table.get(n as usize) {
+        Some(value) => value.clone(),
+        None => n.into(),
     }
 }
 
@@ -147,4 +184,24 @@ fn sf_string(text: &str) -> String {
     }
     out.push('"');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_from_the_table_and_beyond_it() {
+        for n in [0, 1, 9, 10, 4095, 4096, 123_456_789_012] {
+            assert_eq!(integer(n), HeaderValue::from(n));
+        }
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
+        assert_eq!(ceil_secs(Duration::from_millis(3001)), 4);
+    }
+
+    #[test]
+    fn structured_field_strings_are_escaped() {
+        assert_eq!(sf_string("a\"b\\c é"), "\"a\\\"b\\\\c ?\"");
+    }
 }
