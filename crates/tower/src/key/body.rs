@@ -118,3 +118,43 @@ pub(crate) fn rebuild<B: 'static>(bytes: Bytes) -> Option<B> {
 pub(crate) fn can_rebuild<B: 'static>() -> bool {
     rebuild::<B>(Bytes::new()).is_some()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_that_can_be_rebuilt() {
+        assert!(can_rebuild::<axum::body::Body>());
+        assert!(can_rebuild::<Full<Bytes>>());
+        assert!(can_rebuild::<Bytes>());
+        assert!(can_rebuild::<String>());
+        assert!(!can_rebuild::<hyper::body::Incoming>());
+        let body: Full<Bytes> = rebuild(Bytes::from_static(b"a=1")).unwrap();
+        assert_eq!(body.size_hint().exact(), Some(3));
+    }
+
+    #[test]
+    fn fields_follow_the_content_type() {
+        let mut headers = HeaderMap::new();
+        let form = BodyFields::parse(&headers, b"username=alice");
+        assert_eq!(form, BodyFields::Other, "no content type, no fields");
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded; charset=utf-8"
+                .parse()
+                .unwrap(),
+        );
+        let form = BodyFields::parse(&headers, b"username=al%20ice&username=bob");
+        assert_eq!(form.form("username").as_deref(), Some("al ice"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            "application/vnd.api+json".parse().unwrap(),
+        );
+        let json = BodyFields::parse(&headers, br#"{"id": 7, "user": {"name": "x"}, "n": null}"#);
+        assert_eq!(json.json("id").as_deref(), Some("7"));
+        assert_eq!(json.json("/user/name").as_deref(), Some("x"));
+        assert_eq!(json.json("n"), None);
+        assert_eq!(BodyFields::parse(&headers, b"{not json"), BodyFields::Other);
+    }
+}
