@@ -10,7 +10,7 @@ use sluice_core::Algorithm;
 
 use super::StoreFactory;
 use crate::clock::{Clock, SystemClock};
-use crate::{Checked, Limiter, Policy, Selectors, Store};
+use crate::{Checked, Error, Limiter, Policy, Selectors, Store};
 
 pub(crate) const ALICE: &Selectors<'static> = &[("user", "alice")];
 pub(crate) const BOB: &Selectors<'static> = &[("user", "bob")];
@@ -82,7 +82,9 @@ pub(crate) async fn check<S: Store>(
     cost: u64,
 ) -> Checked {
     let checked = limiter.check(policy, selectors, cost).await;
-    checked.unwrap_or_else(|e| panic!("check {policy} {selectors:?} cost {cost}: {e}"))
+    by_the_store(checked, || {
+        format!("check {policy} {selectors:?} cost {cost}")
+    })
 }
 
 pub(crate) async fn peek<S: Store>(
@@ -92,7 +94,26 @@ pub(crate) async fn peek<S: Store>(
     cost: u64,
 ) -> Checked {
     let checked = limiter.peek(policy, selectors, cost).await;
-    checked.unwrap_or_else(|e| panic!("peek {policy} {selectors:?} cost {cost}: {e}"))
+    by_the_store(checked, || {
+        format!("peek {policy} {selectors:?} cost {cost}")
+    })
+}
+
+/// The answer, if the store gave it. A decision the policy's failure mode took instead (the
+/// store failed or timed out) says nothing about the store, and would blur every count.
+fn by_the_store(checked: Result<Checked, Error>, what: impl Fn() -> String) -> Checked {
+    match checked {
+        Ok(Checked {
+            without_store: Some(mode),
+            ..
+        }) => panic!(
+            "{}: the store did not decide (failed or timed out; failure mode {mode:?} \
+             answered instead)",
+            what()
+        ),
+        Ok(checked) => checked,
+        Err(e) => panic!("{}: {e}", what()),
+    }
 }
 
 pub(crate) async fn reset<S: Store>(limiter: &Limiter<S>, policy: &str, selectors: &Selectors<'_>) {
