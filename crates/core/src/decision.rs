@@ -73,6 +73,9 @@ impl Decision {
 
 /// `n` ticks of `tick` nanoseconds as a duration (saturating, never overflowing).
 pub fn ticks(n: u64, tick: u64) -> Duration {
+    if tick == 1 {
+        return Duration::from_nanos(n); // the common case, without a runtime division
+    }
     let per_second = (1_000_000_000 / tick.max(1)).max(1);
     Duration::new(n / per_second, ((n % per_second) * tick) as u32)
 }

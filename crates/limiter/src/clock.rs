@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of time: nanoseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
@@ -10,11 +10,16 @@ pub trait Clock: Send + Sync + 'static {
 }
 
 /// Wall-clock time that never goes backwards: read once from the system clock at creation,
-/// then advanced by the monotonic clock, so a wall-clock step cannot rewind a limit.
+/// then advanced by a monotonic clock, so a wall-clock step cannot rewind a limit.
+///
+/// The monotonic part is quanta's (the CPU's time-stamp counter where it is reliable, the
+/// OS clock otherwise): reading it costs a few nanoseconds instead of a system clock call,
+/// which matters on a path that decides a hit in tens of nanoseconds.
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     anchor_wall: u64,
-    anchor: Instant,
+    clock: quanta::Clock,
+    anchor: u64,
 }
 
 impl SystemClock {
@@ -22,9 +27,11 @@ impl SystemClock {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
+        let clock = quanta::Clock::new();
         SystemClock {
             anchor_wall: wall.as_nanos() as u64,
-            anchor: Instant::now(),
+            anchor: clock.raw(),
+            clock,
         }
     }
 }
@@ -37,7 +44,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> u64 {
-        self.anchor_wall + self.anchor.elapsed().as_nanos() as u64
+        self.anchor_wall + self.clock.delta_as_nanos(self.anchor, self.clock.raw())
     }
 }
 

@@ -180,8 +180,12 @@ impl CompiledPolicy {
                     .all(|l| l.selector.names().contains(name))
             })
             .cloned();
+        // A rule with `and` whose leaves share no selector keeps all its counters in one
+        // slot, tagged by namespace and key: an `and` decided slot by slot could admit a hit
+        // on a leaf's stale count. An `or` rule is safe across slots and stays spread.
+        let colocate = tag.is_none() && has_and(&policy.rule);
         let tag_in = |names: &[String]| -> Option<usize> {
-            if names.is_empty() {
+            if names.is_empty() || colocate {
                 return None;
             }
             Some(
@@ -204,7 +208,11 @@ impl CompiledPolicy {
             } else {
                 leaf.selector.to_string()
             };
-            let prefix = format!("{namespace}:{key}:{selector}:");
+            let prefix = if colocate {
+                format!("{{{namespace}:{key}}}:{selector}:")
+            } else {
+                format!("{namespace}:{key}:{selector}:")
+            };
             let suffix = leaf_suffix(leaf, &quota);
             if leaves
                 .iter()
@@ -244,10 +252,18 @@ impl CompiledPolicy {
             quotas: leaves.iter().map(|l| l.quota).collect(),
             local_quotas,
             shape: policy.rule.shape(),
-            penalty_prefix: format!("{namespace}:{key}:{penalty_selector}:"),
+            penalty_prefix: if colocate {
+                format!("{{{namespace}:{key}}}:{penalty_selector}:")
+            } else {
+                format!("{namespace}:{key}:{penalty_selector}:")
+            },
             penalty_tag_at: tag_in(&penalty_names),
             penalty_names,
-            global_tag: format!("{{{namespace}:{key}}}"),
+            global_tag: if colocate {
+                "*".to_owned()
+            } else {
+                format!("{{{namespace}:{key}}}")
+            },
             leaves,
             policy,
         })
@@ -255,6 +271,14 @@ impl CompiledPolicy {
 
     pub fn name(&self) -> &str {
         &self.policy.name
+    }
+}
+
+fn has_and(rule: &Rule) -> bool {
+    match rule {
+        Rule::Leaf(_) => false,
+        Rule::And(_) => true,
+        Rule::Or(children) => children.iter().any(has_and),
     }
 }
 

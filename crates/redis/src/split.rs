@@ -12,7 +12,11 @@
 //!    counts denied attempts), and the penalty strikes.
 //!
 //! At every moment each counter holds at least the hits admitted through it, so no
-//! interleaving admits more than a leaf allows. The price: 2 to 4 round trips instead of
+//! interleaving admits more than a leaf allows. That argument needs every leaf's consent, so
+//! it holds for `or` rules (a list of limits) only: under `and`, a hit admitted by one leaf
+//! may reach another leaf after hits judged on that leaf's stale count. The limiter keeps
+//! every `and` rule whose leaves share no selector in one slot (tagged by namespace and
+//! key), and this path refuses an `and` rather than risk it. The price: 2 to 4 round trips instead of
 //! one, and, under contention, a reservation that is later taken back may deny another
 //! hit in between (under-admission, bounded by the hits in flight). If the store fails
 //! between steps, a reservation may stay until its window passes: again only
@@ -22,7 +26,7 @@
 use std::collections::BTreeMap;
 
 use sluice_core::decision::ticks;
-use sluice_core::{Decision, Denial, Recording, Retry, Verdict, decide_verdicts};
+use sluice_core::{Decision, Denial, Recording, Retry, Shape, Verdict, decide_verdicts};
 use sluice_limiter::Hit;
 
 use crate::RedisError;
@@ -84,12 +88,26 @@ fn penalty_args(hit: &Hit<'_>) -> Vec<String> {
         .collect()
 }
 
+fn has_and(shape: &Shape) -> bool {
+    match shape {
+        Shape::Leaf(_) => false,
+        Shape::And(_) => true,
+        Shape::Or(children) => children.iter().any(has_and),
+    }
+}
+
 /// Decides `hit` across slots (see the module documentation).
 pub async fn decide_across_slots(
     store: &RedisStore,
     hit: &Hit<'_>,
 ) -> Result<Decision, RedisError> {
     let ev = &hit.evaluation;
+    if has_and(ev.shape) {
+        return Err(RedisError::Unsupported(
+            "an `and` rule across cluster slots: give its leaves a common selector or hash tag"
+                .into(),
+        ));
+    }
     if let Some(penalty_key) = hit.penalty_identifier {
         let call = Call {
             mode: "pcheck",

@@ -18,7 +18,10 @@ impl Clients {
     async fn on(url: &str, server: Option<RedisServer>) -> Clients {
         let mut stores = Vec::new();
         for _ in 0..2 {
-            stores.push(RedisStore::connect(url).await.expect("connect to redis"));
+            // A generous timeout: on a loaded test machine a slow answer must not turn into a
+            // decision taken without Redis, which the suite would rightly reject.
+            let store = RedisStore::builder(url).timeout(std::time::Duration::from_secs(5));
+            stores.push(store.connect().await.expect("connect to redis"));
         }
         Clients {
             _server: server,

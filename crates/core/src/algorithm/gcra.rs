@@ -12,7 +12,8 @@ pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
     let base = tat.max(now);
     let debt = base - now; // time the bucket needs to become full again
     let increment = cost.checked_mul(interval);
-    let remaining_before = (tau.saturating_sub(debt)) / interval;
+    // Only the denied branches need the count before the hit: one division per verdict.
+    let remaining_before = || tau.saturating_sub(debt) / interval;
     match increment {
         // `inc <= tau` first: `debt + inc` can overflow when the cost is near u64::MAX.
         Some(inc) if inc <= tau && debt <= tau - inc => Verdict {
@@ -25,7 +26,7 @@ pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
         Some(inc) if inc <= tau => Verdict {
             allowed: false,
             limit: quota.burst(),
-            remaining: remaining_before,
+            remaining: remaining_before(),
             reset_after: debt,
             // Earliest t with TAT + inc - t <= tau (TAT > t here, since the hit is denied).
             retry: Retry::After(tat + inc - tau - now),
@@ -33,7 +34,7 @@ pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
         _ => Verdict {
             allowed: false,
             limit: quota.burst(),
-            remaining: remaining_before,
+            remaining: remaining_before(),
             reset_after: debt,
             retry: Retry::Never,
         },

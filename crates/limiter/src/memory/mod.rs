@@ -41,8 +41,20 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+/// One shard on its own cache lines, so threads working in neighbouring shards do not
+/// invalidate each other's lock word.
+#[repr(align(128))]
+struct Shard(RwLock<Table>);
+
+impl std::ops::Deref for Shard {
+    type Target = RwLock<Table>;
+    fn deref(&self) -> &RwLock<Table> {
+        &self.0
+    }
+}
+
 struct Inner {
-    shards: Box<[RwLock<Table>]>,
+    shards: Box<[Shard]>,
     shard_cap: usize,
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
@@ -384,7 +396,7 @@ impl MemoryStoreBuilder {
         let shards = 1usize << (usize::BITS - 1 - wanted.leading_zeros());
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| RwLock::new(Table::default())).collect(),
+                shards: (0..shards).map(|_| Shard(RwLock::new(Table::default()))).collect(),
                 shard_cap: self.max_identifiers / shards,
                 hasher: foldhash::fast::RandomState::default(),
                 clock: self.clock,

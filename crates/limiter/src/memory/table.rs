@@ -3,7 +3,11 @@
 //!
 //! Memory: a GCRA identifier costs one 24-byte slot (boxed key pointer and length, and the
 //! state word) in an open-addressing table, plus one control byte, plus the key's own heap
-//! allocation. Tables grow by doubling, so at a given moment between 1x and 2x that.
+//! allocation. Tables grow by doubling, so the table part is 28.6 to 57.1 bytes per
+//! identifier depending on where it is in its doubling cycle. Measured
+//! (`benches/vs_governor.rs`): 72 bytes per identifier at 1,000,000 GCRA identifiers of
+//! 20 bytes (about 85 resident with glibc), against 89 (about 101) for governor's keyed
+//! limiter on the same keys.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
