@@ -6,8 +6,9 @@
 //! early. `t` and `X-RateLimit-Reset` are the seconds until the deciding limit is back to
 //! full (`reset_after`); `Retry-After` is the exact wait for this request, on denials only.
 
+use std::collections::BTreeSet;
 use std::fmt::Write;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -62,6 +63,8 @@ pub(crate) struct PolicyFields {
     policy: HeaderValue,
     /// The quoted identifier of each leaf, in leaf order.
     ids: Vec<String>,
+    /// Each leaf's quota, as `X-RateLimit-Limit` sends it.
+    limits: Vec<(u64, HeaderValue)>,
 }
 
 impl PolicyFields {
@@ -70,6 +73,7 @@ impl PolicyFields {
         let many = policy.leaves.len() > 1;
         let mut ids = Vec::new();
         let mut members = Vec::new();
+        let mut limits = Vec::new();
         for (i, leaf) in policy.leaves.iter().enumerate() {
             let id = if many {
                 sf_string(&format!("{name}.{i}"))
@@ -88,12 +92,13 @@ impl PolicyFields {
                 (u128::from(quota) * u128::from(span)).div_ceil(u128::from(count)) as u64
             };
             members.push(format!("{id};q={quota};w={window}"));
+            limits.push((quota, static_value(&quota.to_string())));
             ids.push(id);
         }
         PolicyFields {
-            policy: HeaderValue::from_str(&members.join(", "))
-                .expect("structured field text is visible ASCII"),
+            policy: static_value(&members.join(", ")),
             ids,
+            limits,
         }
     }
 
@@ -119,7 +124,11 @@ impl PolicyFields {
             );
         }
         if which.x_ratelimit {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), integer(decision.limit));
+            let limit = match self.limits.get(decision.leaf) {
+                Some((quota, value)) if *quota == decision.limit => value.clone(),
+                _ => integer(decision.limit),
+            };
+            headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
             headers.insert(X_RATELIMIT_REMAINING.clone(), integer(decision.remaining));
             headers.insert(X_RATELIMIT_RESET.clone(), integer(reset));
         }
@@ -134,6 +143,23 @@ pub(crate) fn retry_after(headers: &mut HeaderMap, wait: Option<Duration>) {
     if let Some(wait) = wait {
         headers.insert(http::header::RETRY_AFTER, integer(ceil_secs(wait)));
     }
+}
+
+/// A header value that is cloned on every response, made static: a clone of a shared value
+/// bumps a reference count that every core writes, a static one costs nothing. Interned, so
+/// building layers again and again keeps one copy of each distinct text.
+fn static_value(text: &str) -> HeaderValue {
+    static INTERNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+    let text = match interned.get(text) {
+        Some(text) => *text,
+        None => {
+            let leaked: &'static str = Box::leak(text.to_owned().into_boxed_str());
+            interned.insert(leaked);
+            leaked
+        }
+    };
+    HeaderValue::from_static(text)
 }
 
 /// Integers below this come from a table made once.
