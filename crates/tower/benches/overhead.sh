@@ -5,8 +5,11 @@
 #
 #   with_layer_rps=X without_layer_rps=Y loss=Z%
 #
-# and, on stderr, each round and the server's CPU time per request (steadier than
-# throughput on a machine shared with other work).
+# The layer runs as configured by default (it sends `RateLimit-Policy` and `RateLimit` on
+# every response). On stderr: each round, the same layer sending all five fields (with the
+# X-RateLimit trio) and none (what the limiter itself costs), and the server's CPU time per
+# request (steadier than throughput on a machine shared with other work; wrk runs on the
+# same cores, so every byte of header it parses costs the server throughput too).
 #
 # ROUNDS and DURATION override the defaults. Installs wrk from Debian when missing.
 set -euo pipefail
@@ -29,29 +32,27 @@ target/release/examples/overhead_server >"$log" &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; rm -f "$log"' EXIT
 
+targets=(with_layer with_layer_all_fields with_layer_no_fields without_layer)
 for _ in $(seq 100); do
-    [[ $(wc -l <"$log") -ge 2 ]] && break
+    [[ $(wc -l <"$log") -ge ${#targets[@]} ]] && break
     sleep 0.1
 done
-with_url=$(awk '$1 == "with_layer" {print $2}' "$log")
-without_url=$(awk '$1 == "without_layer" {print $2}' "$log")
-[[ -n $with_url && -n $without_url ]] || { echo "overhead.sh: server did not start" >&2; exit 1; }
+declare -A url
+for t in "${targets[@]}"; do
+    url[$t]=$(awk -v t="$t" '$1 == t {print $2}' "$log")
+    [[ -n ${url[$t]} ]] || { echo "overhead.sh: server did not start" >&2; exit 1; }
+done
 
 # The server's CPU time so far, in clock ticks (user + system).
 ticks() {
     awk '{print $14 + $15}' "/proc/$server/stat"
 }
 
-rps() {
-    wrk -t2 -c50 -d"$1" "$2/" | awk '/^Requests\/sec:/ {print $2}'
-}
-
-# One measured run: "RPS CPU_US_PER_REQUEST". The CPU time is the server's own, so it is
-# steadier than throughput when other work shares the machine.
+# One run against target $2 for $1: prints "RPS CPU_MICROSECONDS_PER_REQUEST".
 run() {
     local before after out
     before=$(ticks)
-    out=$(wrk -t2 -c50 -d"$1" "$2/")
+    out=$(wrk -t2 -c50 -d"$1" "${url[$2]}/")
     after=$(ticks)
     awk -v t="$((after - before))" -v hz="$(getconf CLK_TCK)" '
         / requests in / {n = $1}
@@ -63,31 +64,36 @@ median() {
     sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 
-# Warm both up (connections, allocator, the limiter's one state word).
-rps 2s "$with_url" >/dev/null
-rps 2s "$without_url" >/dev/null
+# Warm everything up (connections, allocator, the limiter's one state word).
+for t in "${targets[@]}"; do run 2s "$t" >/dev/null; done
 
-with=()
-without=()
-with_cpu=()
-without_cpu=()
+declare -A rps cpu
 for round in $(seq "$rounds"); do
-    # Alternate which goes first, so drift on a shared machine hits both alike.
-    if ((round % 2)); then
-        read -r r c < <(run "$duration" "$with_url"); with+=("$r"); with_cpu+=("$c")
-        read -r r c < <(run "$duration" "$without_url"); without+=("$r"); without_cpu+=("$c")
-    else
-        read -r r c < <(run "$duration" "$without_url"); without+=("$r"); without_cpu+=("$c")
-        read -r r c < <(run "$duration" "$with_url"); with+=("$r"); with_cpu+=("$c")
-    fi
-    echo "round $round: with_layer_rps=${with[-1]} without_layer_rps=${without[-1]}" \
-        "with_layer_cpu_us=${with_cpu[-1]} without_layer_cpu_us=${without_cpu[-1]}" >&2
+    # Rotate which goes first, so drift on a shared machine hits all alike.
+    k=$((round % ${#targets[@]}))
+    order=("${targets[@]:k}" "${targets[@]:0:k}")
+    line="round $round:"
+    for t in "${order[@]}"; do
+        read -r r c < <(run "$duration" "$t")
+        rps[$t]+="$r "
+        cpu[$t]+="$c "
+        line+=" ${t}_rps=$r ${t}_cpu_us=$c"
+    done
+    echo "$line" >&2
 done
 
-w=$(printf '%s\n' "${with[@]}" | median)
-wo=$(printf '%s\n' "${without[@]}" | median)
-wc=$(printf '%s\n' "${with_cpu[@]}" | median)
-woc=$(printf '%s\n' "${without_cpu[@]}" | median)
-echo "server CPU per request: with_layer_cpu_us=$wc without_layer_cpu_us=$woc" \
-    "(+$(awk -v a="$wc" -v b="$woc" 'BEGIN {printf "%.1f%%", (a / b - 1) * 100}'))" >&2
-awk -v w="$w" -v wo="$wo" 'BEGIN {printf "with_layer_rps=%.0f without_layer_rps=%.0f loss=%.1f%%\n", w, wo, (1 - w / wo) * 100}'
+declare -A m mc
+for t in "${targets[@]}"; do
+    m[$t]=$(tr ' ' '\n' <<<"${rps[$t]}" | grep . | median)
+    mc[$t]=$(tr ' ' '\n' <<<"${cpu[$t]}" | grep . | median)
+done
+loss() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f%%", (1 - a / b) * 100}'; }
+for t in with_layer_all_fields with_layer_no_fields; do
+    echo "$t: rps=$(printf '%.0f' "${m[$t]}") loss=$(loss "${m[$t]}" "${m[without_layer]}")" >&2
+done
+echo "server CPU per request (us): with_layer=${mc[with_layer]}" \
+    "with_layer_all_fields=${mc[with_layer_all_fields]}" \
+    "with_layer_no_fields=${mc[with_layer_no_fields]} without_layer=${mc[without_layer]}" >&2
+echo "with_layer_rps=$(printf '%.0f' "${m[with_layer]}")" \
+    "without_layer_rps=$(printf '%.0f' "${m[without_layer]}")" \
+    "loss=$(loss "${m[with_layer]}" "${m[without_layer]}")"

@@ -16,7 +16,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use sluice_core::Decision;
 use sluice_limiter::CompiledPolicy;
 
-/// Which header fields the layer writes. All on by default.
+/// Which header fields the layer writes. By default `Retry-After` and the IETF fields; the
+/// `X-RateLimit-*` trio repeats what those say, so it is for clients that read only it
+/// ([`Headers::ALL`]). Every field costs every response some bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Headers {
     /// `Retry-After` on 429 and 503 answers.
@@ -32,12 +34,17 @@ impl Default for Headers {
         Headers {
             retry_after: true,
             ietf: true,
-            x_ratelimit: true,
+            x_ratelimit: false,
         }
     }
 }
 
 impl Headers {
+    pub const ALL: Headers = Headers {
+        retry_after: true,
+        ietf: true,
+        x_ratelimit: true,
+    };
     pub const NONE: Headers = Headers {
         retry_after: false,
         ietf: false,

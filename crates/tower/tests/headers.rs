@@ -45,7 +45,7 @@ fn fields<'a>(
 #[tokio::test]
 async fn remaining_reset_and_retry_after_are_exact() {
     let clock = clock();
-    let app = app(api_layer("apikey:3/m", &clock, Headers::default()));
+    let app = app(api_layer("apikey:3/m", &clock, Headers::ALL));
 
     // 3 per minute: one hit every 20 s refills; each hit pushes the full reset 20 s away.
     let a = send(&app, items("k1")).await;
@@ -135,6 +135,7 @@ async fn several_leaves_are_listed_and_the_deciding_one_reported() {
         Headers::default(),
     ));
     let a = send(&app, items("k")).await;
+    assert_eq!(a.header("x-ratelimit-limit"), None, "the trio is opt-in");
     assert_eq!(
         a.header("ratelimit-policy"),
         Some("\"api.0\";q=3;w=60, \"api.1\";q=100;w=3600, \"api.2\";q=20;w=120")

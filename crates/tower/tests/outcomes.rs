@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{Answer, app, clock, limiter, login_request, send};
 use sluice_core::Penalty;
 use sluice_limiter::{ManualClock, Policy};
-use sluice_tower::{Key, Outcomes, RateLimitLayer};
+use sluice_tower::{Headers, Key, Outcomes, RateLimitLayer};
 
 const PEER: &str = "203.0.113.9:5000";
 
@@ -29,6 +29,7 @@ fn login_app(clock: &ManualClock) -> axum::Router {
         .selector("ip", Key::client_ip())
         .selector("user", Key::form_field("username"))
         .count_only(Outcomes::statuses([401, 403]))
+        .headers(Headers::ALL)
         .build()
         .unwrap();
     app(layer)

@@ -103,7 +103,7 @@ fn a_limited_call_gets_resource_exhausted_with_retry_info() {
 
     let ok = call(&url, "acme");
     assert_eq!(ok.get("grpc-status").unwrap(), "0");
-    assert_eq!(ok.get("x-ratelimit-remaining").unwrap(), "0");
+    assert_eq!(ok.get("ratelimit").unwrap(), "\"rpc\";r=0;t=60");
 
     let limited = call(&url, "acme");
     let status = tonic::Status::from_header_map(&limited).expect("a gRPC status");

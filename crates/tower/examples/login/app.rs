@@ -21,7 +21,7 @@ use serde_json::json;
 use sluice_core::Penalty;
 use sluice_limiter::{Limiter, MemoryStore, Policy};
 use sluice_tower::headers::ceil_secs;
-use sluice_tower::{Denied, Key, Outcomes, ProofOfWork, RateLimitLayer};
+use sluice_tower::{Denied, Headers, Key, Outcomes, ProofOfWork, RateLimitLayer};
 
 /// The example's policies.
 pub fn limiter() -> Arc<Limiter<MemoryStore>> {
@@ -56,6 +56,7 @@ pub fn router(limiter: Arc<Limiter<MemoryStore>>) -> Router {
         .methods([Method::POST])
         .count_only(Outcomes::statuses([401]))
         .challenge(ProofOfWork::new(), "login-ceiling")
+        .headers(Headers::ALL)
         .on_denied(audit)
         .render(page)
         .build()
@@ -65,6 +66,7 @@ pub fn router(limiter: Arc<Limiter<MemoryStore>>) -> Router {
             "apikey",
             Key::header(header::HeaderName::from_static("x-api-key")),
         )
+        .headers(Headers::ALL)
         .on_denied(audit)
         .render(page)
         .build()

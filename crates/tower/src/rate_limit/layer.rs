@@ -151,7 +151,7 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Which header fields to write (all by default).
+    /// Which header fields to write (`Retry-After` and the IETF fields by default).
     pub fn headers(mut self, headers: Headers) -> Self {
         self.headers = headers;
         self
