@@ -1,0 +1,253 @@
+//! Optimistic updates of one `|s` key: `gets`, compute, then `cas` (or `add` when the key is
+//! absent), again on a lost race, a bounded number of times.
+//!
+//! Within one process, updates of one key are *combined*: while one batch is in flight, the
+//! updates that arrive queue up, and the next batch applies them all, one after the other,
+//! to the value it read, then writes the result with one `cas`. Each update sees the state
+//! every earlier one left, exactly as if they had run one at a time, so batching changes no
+//! decision; it only saves round trips (many hits on one key cost two round trips per batch,
+//! not per hit) and leaves the races to other processes. A batch that loses a race is applied
+//! again to the new value after a short jittered pause that doubles with each try; when every
+//! try is lost its updates fail with [`Contention`](crate::MemcachedError::Contention), a
+//! transient error: the limiter's failure policy decides those hits.
+//!
+//! Batches run on a task of their own, so a caller that stops waiting (a timeout) strands
+//! no one queued behind it.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::MemcachedError;
+use crate::commands::StoreReply;
+use crate::expiry::exptime;
+use crate::key::Keys;
+use crate::leaf::Judged;
+use crate::pool::Deadline;
+use crate::protocol::Verb;
+use crate::stats::Counters;
+use crate::store::Inner;
+
+/// Default tries of one compare-and-swap update.
+pub const DEFAULT_CAS_TRIES: u32 = 64;
+
+/// What an update answers its caller.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Judged(Judged),
+    /// A penalty strike: nanoseconds the key must wait.
+    Wait(u64),
+    Done,
+    /// There was nothing to update.
+    Absent,
+}
+
+/// What to do with the value read.
+pub(crate) enum Plan {
+    /// Write nothing.
+    Keep(Answer),
+    /// Write `value`, which is fresh again at `expires_at` (ns). `was_live`: the value read
+    /// should not have disappeared by now (if it has, it was evicted).
+    Write {
+        value: Vec<u8>,
+        expires_at: u64,
+        was_live: bool,
+        answer: Answer,
+    },
+}
+
+/// An update: from the value read (if any), what to write and answer. It may run several
+/// times (once per try), always on the value left by the updates before it.
+pub(crate) type PlanFn = Box<dyn FnMut(Option<&[u8]>) -> Result<Plan, MemcachedError> + Send>;
+
+struct Update {
+    plan: PlanFn,
+    now: u64,
+    deadline: Deadline,
+    reply: oneshot::Sender<Result<Answer, MemcachedError>>,
+}
+
+/// Updates waiting, by key; a key is present while a batch of it is being run.
+type Waiting = HashMap<String, Vec<Update>>;
+
+pub(crate) struct Combiner {
+    shards: Box<[Mutex<Waiting>]>,
+    hasher: RandomState,
+}
+
+impl Combiner {
+    pub fn new(shards: usize) -> Combiner {
+        Combiner {
+            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Waiting> {
+        &self.shards[self.hasher.hash_one(key) as usize % self.shards.len()]
+    }
+}
+
+/// Waits a little before trying again: at once for the first two tries, then a random
+/// pause of up to 0.4 ms, 0.8 ms, ... 12.8 ms.
+async fn backoff(attempt: u32) {
+    if attempt < 2 {
+        tokio::task::yield_now().await;
+        return;
+    }
+    let cap = 100u64 << attempt.min(7);
+    let micros = RandomState::new().hash_one(attempt) % cap + 1;
+    tokio::time::sleep(Duration::from_micros(micros)).await;
+}
+
+/// Applies `plan` to `keys.state()` (see the module documentation).
+pub(crate) async fn update(
+    inner: &Arc<Inner>,
+    keys: &Keys,
+    now: u64,
+    deadline: Deadline,
+    plan: PlanFn,
+) -> Result<Answer, MemcachedError> {
+    let key = keys.state();
+    let (reply, answer) = oneshot::channel();
+    let update = Update {
+        plan,
+        now,
+        deadline,
+        reply,
+    };
+    let lead = {
+        let mut waiting = inner.combiner.shard(&key).lock();
+        match waiting.get_mut(&key) {
+            Some(queue) => {
+                queue.push(update);
+                false
+            }
+            None => {
+                waiting.insert(key.clone(), vec![update]);
+                true
+            }
+        }
+    };
+    if lead {
+        tokio::spawn(run_batches(Arc::clone(inner), keys.clone(), key));
+    }
+    match tokio::time::timeout_at(deadline.at, answer).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(MemcachedError::Io {
+            server: keys.route().to_owned(),
+            message: "the update was dropped".into(),
+        }),
+        Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
+    }
+}
+
+/// Runs batches of `key` until none is waiting.
+async fn run_batches(inner: Arc<Inner>, keys: Keys, key: String) {
+    loop {
+        let batch = {
+            let mut waiting = inner.combiner.shard(&key).lock();
+            match waiting.get_mut(&key) {
+                Some(queue) if !queue.is_empty() => std::mem::take(queue),
+                _ => {
+                    waiting.remove(&key);
+                    return;
+                }
+            }
+        };
+        run_batch(&inner, &keys, &key, batch).await;
+    }
+}
+
+fn fail(updates: Vec<Update>, error: &MemcachedError) {
+    for update in updates {
+        let _ = update.reply.send(Err(error.clone()));
+    }
+}
+
+async fn run_batch(inner: &Inner, keys: &Keys, key: &str, mut updates: Vec<Update>) {
+    let pool = &inner.pool;
+    let route = keys.route();
+    for attempt in 0..inner.cas_tries {
+        // Callers that gave up are answered (they no longer listen) and left out.
+        let now = tokio::time::Instant::now();
+        let (late, live): (Vec<Update>, Vec<Update>) =
+            updates.into_iter().partition(|u| u.deadline.at <= now);
+        for update in late {
+            let _ = update
+                .reply
+                .send(Err(MemcachedError::Timeout(update.deadline.budget)));
+        }
+        updates = live;
+        let Some(deadline) = updates.iter().map(|u| u.deadline).max_by_key(|d| d.at) else {
+            return;
+        };
+        let current = match pool.gets(route, key, deadline).await {
+            Ok(current) => current,
+            Err(error) => return fail(updates, &error),
+        };
+        let mut value: Option<Vec<u8>> = current.as_ref().map(|(v, _)| v.clone());
+        let mut answers = Vec::with_capacity(updates.len());
+        let mut write = None;
+        let mut was_live = false;
+        for update in &mut updates {
+            match (update.plan)(value.as_deref()) {
+                Ok(Plan::Keep(answer)) => answers.push(Ok(answer)),
+                Ok(Plan::Write {
+                    value: next,
+                    expires_at,
+                    was_live: live,
+                    answer,
+                }) => {
+                    if write.is_none() {
+                        was_live = live;
+                    }
+                    value = Some(next);
+                    write = Some((expires_at, update.now));
+                    answers.push(Ok(answer));
+                }
+                Err(error) => answers.push(Err(error)),
+            }
+        }
+        let stored = match (write, value) {
+            (Some((expires_at, now)), Some(value)) => {
+                let verb = match &current {
+                    Some((_, unique)) => Verb::Cas(*unique),
+                    None => Verb::Add,
+                };
+                let expiry = exptime(expires_at, now);
+                pool.store(route, verb, key, expiry, &value, deadline).await
+            }
+            _ => Ok(StoreReply::Stored),
+        };
+        match stored {
+            Ok(StoreReply::Stored) => {
+                for (update, answer) in updates.into_iter().zip(answers) {
+                    let _ = update.reply.send(answer);
+                }
+                return;
+            }
+            Ok(StoreReply::NotFound) => {
+                // Gone between our read and our write: apply the batch to a fresh state.
+                if was_live {
+                    Counters::bump(&pool.counters.evictions);
+                }
+            }
+            Ok(StoreReply::Exists | StoreReply::NotStored) => {
+                Counters::bump(&pool.counters.contention_retries);
+                backoff(attempt).await;
+            }
+            Err(error) => return fail(updates, &error),
+        }
+    }
+    Counters::bump(&pool.counters.contention_exhausted);
+    let error = MemcachedError::Contention {
+        key: key.to_owned(),
+        tries: inner.cas_tries,
+    };
+    fail(updates, &error);
+}

@@ -1,0 +1,314 @@
+//! Typed commands over the pool: each sends one or a few pipelined requests to the server
+//! holding a route and checks that the replies are the ones the command can get.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::MemcachedError;
+use crate::pool::{Deadline, Pool};
+use crate::protocol::{self, Expect, Reply, Verb};
+use crate::stats::ServerStats;
+
+/// Keys per `get` request: a sliding window of many sub-windows reads in several pipelined
+/// requests rather than one very long line.
+const KEYS_PER_GET: usize = 100;
+
+/// How a storage command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreReply {
+    Stored,
+    /// `add` of a key that exists.
+    NotStored,
+    /// `cas` after another client changed the key.
+    Exists,
+    /// `cas` of a key that is gone.
+    NotFound,
+}
+
+fn protocol(pool: &Pool, route: &str, message: String) -> MemcachedError {
+    let server = pool
+        .server_for(route)
+        .and_then(|s| pool.addresses().nth(s))
+        .unwrap_or("?")
+        .to_owned();
+    MemcachedError::Protocol { server, message }
+}
+
+fn wrong(pool: &Pool, route: &str, command: &str, reply: &Reply) -> MemcachedError {
+    protocol(
+        pool,
+        route,
+        format!("unexpected reply to {command}: {reply:?}"),
+    )
+}
+
+impl Pool {
+    /// `get` of `keys` (all routed by `route`): the values found, by key.
+    pub async fn get(
+        &self,
+        route: &str,
+        keys: &[String],
+        deadline: Deadline,
+    ) -> Result<HashMap<String, Vec<u8>>, MemcachedError> {
+        let replies = self.call(route, get_requests(keys), deadline).await?;
+        self.found(route, keys, replies)
+    }
+
+    /// The values of `get` replies, by key, each asked for and given once.
+    fn found(
+        &self,
+        route: &str,
+        keys: &[String],
+        replies: Vec<Reply>,
+    ) -> Result<HashMap<String, Vec<u8>>, MemcachedError> {
+        let asked: HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut found = HashMap::new();
+        for reply in replies {
+            let Reply::Values(items) = reply else {
+                return Err(wrong(self, route, "get", &reply));
+            };
+            for item in items {
+                if !asked.contains(item.key.as_str()) || found.contains_key(&item.key) {
+                    let message = format!("get answered key {} unasked or twice", item.key);
+                    return Err(protocol(self, route, message));
+                }
+                found.insert(item.key, item.value);
+            }
+        }
+        Ok(found)
+    }
+
+    /// `gets` of one key: its value and CAS unique, if it exists.
+    pub async fn gets(
+        &self,
+        route: &str,
+        key: &str,
+        deadline: Deadline,
+    ) -> Result<Option<(Vec<u8>, u64)>, MemcachedError> {
+        let mut bytes = Vec::with_capacity(key.len() + 8);
+        protocol::get(&mut bytes, &[key], true);
+        let reply = self
+            .one(route, bytes, Expect::ValuesWithCas, deadline)
+            .await?;
+        let Reply::Values(mut items) = reply else {
+            return Err(wrong(self, route, "gets", &reply));
+        };
+        match items.pop() {
+            None => Ok(None),
+            Some(item) if items.is_empty() && item.key == key && item.cas.is_some() => {
+                Ok(item.cas.map(|unique| (item.value, unique)))
+            }
+            Some(item) => Err(protocol(
+                self,
+                route,
+                format!(
+                    "gets {key} answered {} items, key {}",
+                    items.len() + 1,
+                    item.key
+                ),
+            )),
+        }
+    }
+
+    /// `set`, `add` or `cas` of one key.
+    pub async fn store(
+        &self,
+        route: &str,
+        verb: Verb,
+        key: &str,
+        exptime: u32,
+        value: &[u8],
+        deadline: Deadline,
+    ) -> Result<StoreReply, MemcachedError> {
+        let mut bytes = Vec::with_capacity(key.len() + value.len() + 40);
+        protocol::store(&mut bytes, verb, key, exptime, value);
+        let reply = self.one(route, bytes, Expect::Stored, deadline).await?;
+        stored(self, route, verb, &reply)
+    }
+
+    /// `add` of a counter, with a `set` of another key in the same round trip.
+    pub async fn add_with(
+        &self,
+        route: &str,
+        (key, value): (&str, &[u8]),
+        (other, other_value): (&str, &[u8]),
+        exptime: u32,
+        deadline: Deadline,
+    ) -> Result<StoreReply, MemcachedError> {
+        let mut add = Vec::new();
+        protocol::store(&mut add, Verb::Add, key, exptime, value);
+        let mut set = Vec::new();
+        protocol::store(&mut set, Verb::Set, other, exptime, other_value);
+        let requests = vec![(add, Expect::Stored), (set, Expect::Stored)];
+        let replies = self.call(route, requests, deadline).await?;
+        let [first, second] = &replies[..] else {
+            return Err(protocol(
+                self,
+                route,
+                "two requests, not two replies".into(),
+            ));
+        };
+        stored(self, route, Verb::Set, second)?;
+        stored(self, route, Verb::Add, first)
+    }
+
+    /// `get` of `keys` and `incr` of `key` by `by`, pipelined in one round trip: the values
+    /// found, and the new count (`None` if `key` is absent).
+    pub async fn get_and_incr(
+        &self,
+        route: &str,
+        keys: &[String],
+        key: &str,
+        by: u64,
+        deadline: Deadline,
+    ) -> Result<(HashMap<String, Vec<u8>>, Option<u64>), MemcachedError> {
+        let mut requests = get_requests(keys);
+        let mut bytes = Vec::with_capacity(key.len() + 28);
+        protocol::incr(&mut bytes, key, by, true);
+        requests.push((bytes, Expect::Number));
+        let mut replies = self.call(route, requests, deadline).await?;
+        let counted = match replies.pop() {
+            Some(Reply::Number(value)) => Some(value),
+            Some(Reply::NotFound) => None,
+            other => {
+                let message = format!("unexpected reply to incr: {other:?}");
+                return Err(protocol(self, route, message));
+            }
+        };
+        Ok((self.found(route, keys, replies)?, counted))
+    }
+
+    /// `incr` (`up`) or `decr` by `by`: the new value, or `None` if the key is gone.
+    pub async fn incr(
+        &self,
+        route: &str,
+        key: &str,
+        by: u64,
+        up: bool,
+        deadline: Deadline,
+    ) -> Result<Option<u64>, MemcachedError> {
+        let mut bytes = Vec::with_capacity(key.len() + 28);
+        protocol::incr(&mut bytes, key, by, up);
+        match self.one(route, bytes, Expect::Number, deadline).await? {
+            Reply::Number(value) => Ok(Some(value)),
+            Reply::NotFound => Ok(None),
+            other => Err(wrong(self, route, "incr", &other)),
+        }
+    }
+
+    /// `delete` of `keys` (pipelined); missing keys are fine.
+    pub async fn delete(
+        &self,
+        route: &str,
+        keys: &[String],
+        deadline: Deadline,
+    ) -> Result<(), MemcachedError> {
+        let requests = keys
+            .iter()
+            .map(|key| {
+                let mut bytes = Vec::with_capacity(key.len() + 10);
+                protocol::delete(&mut bytes, key);
+                (bytes, Expect::Deleted)
+            })
+            .collect();
+        for reply in self.call(route, requests, deadline).await? {
+            if !matches!(reply, Reply::Deleted | Reply::NotFound) {
+                return Err(wrong(self, route, "delete", &reply));
+            }
+        }
+        Ok(())
+    }
+
+    /// `version` and `stats` of server `index`.
+    pub async fn server_stats(
+        &self,
+        index: usize,
+        deadline: Deadline,
+    ) -> Result<ServerStats, MemcachedError> {
+        let mut bytes = Vec::new();
+        protocol::stats(&mut bytes);
+        let replies = self
+            .call_server(index, vec![(bytes, Expect::Stats)], deadline)
+            .await?;
+        let address = self.addresses().nth(index).unwrap_or("?").to_owned();
+        let Some(Reply::Stats(stats)) = replies.into_iter().next() else {
+            return Err(MemcachedError::Protocol {
+                server: address,
+                message: "stats answered something else".into(),
+            });
+        };
+        let find = |name: &str| stats.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        let count = |name: &str| {
+            find(name)
+                .and_then(|v| protocol::number(v.as_bytes()))
+                .unwrap_or(0)
+        };
+        Ok(ServerStats {
+            evictions: count("evictions"),
+            curr_items: count("curr_items"),
+            uptime_seconds: count("uptime"),
+            version: find("version").cloned().unwrap_or_default(),
+            address,
+        })
+    }
+
+    /// `version` of server `index`: whether it answers.
+    pub async fn version(
+        &self,
+        index: usize,
+        deadline: Deadline,
+    ) -> Result<String, MemcachedError> {
+        let mut bytes = Vec::new();
+        protocol::version(&mut bytes);
+        let replies = self
+            .call_server(index, vec![(bytes, Expect::Version)], deadline)
+            .await?;
+        match replies.into_iter().next() {
+            Some(Reply::Version(version)) => Ok(version),
+            other => Err(MemcachedError::Protocol {
+                server: self.addresses().nth(index).unwrap_or("?").to_owned(),
+                message: format!("version answered {other:?}"),
+            }),
+        }
+    }
+
+    async fn one(
+        &self,
+        route: &str,
+        bytes: Vec<u8>,
+        expect: Expect,
+        deadline: Deadline,
+    ) -> Result<Reply, MemcachedError> {
+        let mut replies = self.call(route, vec![(bytes, expect)], deadline).await?;
+        match (replies.pop(), replies.is_empty()) {
+            (Some(reply), true) => Ok(reply),
+            _ => Err(protocol(self, route, "one request, not one reply".into())),
+        }
+    }
+}
+
+/// `get` requests for `keys`, at most [`KEYS_PER_GET`] keys each.
+fn get_requests(keys: &[String]) -> Vec<(Vec<u8>, Expect)> {
+    keys.chunks(KEYS_PER_GET)
+        .map(|chunk| {
+            let mut bytes = Vec::with_capacity(chunk.len() * 48);
+            let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            protocol::get(&mut bytes, &chunk, false);
+            (bytes, Expect::Values)
+        })
+        .collect()
+}
+
+fn stored(
+    pool: &Pool,
+    route: &str,
+    verb: Verb,
+    reply: &Reply,
+) -> Result<StoreReply, MemcachedError> {
+    match (verb, reply) {
+        (_, Reply::Stored) => Ok(StoreReply::Stored),
+        (Verb::Add, Reply::NotStored) => Ok(StoreReply::NotStored),
+        (Verb::Cas(_), Reply::Exists) => Ok(StoreReply::Exists),
+        (Verb::Cas(_), Reply::NotFound) => Ok(StoreReply::NotFound),
+        (_, other) => Err(wrong(pool, route, "a storage command", other)),
+    }
+}

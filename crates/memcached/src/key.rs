@@ -1,0 +1,123 @@
+//! Memcached keys for sluice identifiers.
+//!
+//! Every key of one identifier starts with the identifier's *base* and is routed by it, so
+//! all of an identifier's state lives on one server:
+//!
+//! | key | holds |
+//! |---|---|
+//! | `<base>\|s` | the state of a GCRA, fixed-window or sliding-log leaf, or a penalty record, updated with `gets`/`cas` |
+//! | `<base>\|w<n>` | the count of sub-window `n` (`now / sub-window length`) of a sliding-window leaf, a decimal number for `incr`/`decr` |
+//! | `<base>\|m` | `<sub-window ns> <sub-windows>` of a sliding-window leaf, so a reset can find its counters |
+//!
+//! The base is the identifier itself when it is short (at most [`MAX_PLAIN`] bytes) and made
+//! only of printable ASCII without `|` (memcached keys allow no whitespace or control
+//! characters, and at most 250 bytes); otherwise it is `#` and the hex SHA-256 of the
+//! identifier. A plain base never starts with `#` and holds no `|`, so no two identifiers,
+//! and no two kinds of key, can share a key.
+
+use std::fmt::Write;
+
+use sha2::{Digest, Sha256};
+
+/// Longest identifier used as it is: with `|w` and a 20-digit sub-window number, a key
+/// stays within memcached's 250 bytes.
+pub const MAX_PLAIN: usize = 200;
+
+/// The keys of one identifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    base: String,
+}
+
+impl Keys {
+    pub fn new(identifier: &str) -> Keys {
+        let plain = !identifier.is_empty()
+            && identifier.len() <= MAX_PLAIN
+            && !identifier.starts_with('#')
+            && identifier
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'|');
+        let base = if plain {
+            identifier.to_owned()
+        } else {
+            let mut base = String::with_capacity(65);
+            base.push('#');
+            for byte in Sha256::digest(identifier.as_bytes()) {
+                let _ = write!(base, "{byte:02x}");
+            }
+            base
+        };
+        Keys { base }
+    }
+
+    /// What picks the server: every key of the identifier goes where its base goes.
+    pub fn route(&self) -> &str {
+        &self.base
+    }
+
+    pub fn state(&self) -> String {
+        format!("{}|s", self.base)
+    }
+
+    pub fn meta(&self) -> String {
+        format!("{}|m", self.base)
+    }
+
+    pub fn window(&self, number: u64) -> String {
+        format!("{}|w{number}", self.base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid(key: &str) -> bool {
+        key.len() <= 250 && key.bytes().all(|b| b.is_ascii_graphic())
+    }
+
+    #[test]
+    fn plain_identifiers_stay_readable() {
+        let keys = Keys::new("ns:login:user:alice:5/m");
+        assert_eq!(keys.state(), "ns:login:user:alice:5/m|s");
+        assert_eq!(keys.window(42), "ns:login:user:alice:5/m|w42");
+        assert_eq!(keys.route(), "ns:login:user:alice:5/m");
+    }
+
+    #[test]
+    fn awkward_identifiers_are_hashed_into_valid_keys() {
+        let long = format!("ns:k:user:{}:5/m", "x".repeat(300));
+        let at_limit = "y".repeat(MAX_PLAIN);
+        for id in [
+            long.as_str(),
+            "ns:k:user:a b:5/m",
+            "ns:k:user:a\nb:5/m",
+            "ns:k:user:ünï:5/m",
+            "a|w1",
+            "#abc",
+            "",
+            at_limit.as_str(),
+        ] {
+            let keys = Keys::new(id);
+            for key in [keys.state(), keys.meta(), keys.window(u64::MAX)] {
+                assert!(valid(&key), "{key:?} for {id:?}");
+            }
+        }
+        assert!(Keys::new(&long).route().starts_with('#'));
+        assert_eq!(Keys::new(&at_limit).route(), at_limit);
+        let over = "y".repeat(MAX_PLAIN + 1);
+        assert_ne!(Keys::new(&over).route(), over);
+    }
+
+    #[test]
+    fn no_two_identifiers_share_a_key() {
+        let ids = ["a", "a|s", "a|w1", "#a", "a b", "a  b", "b"];
+        let mut seen = std::collections::HashSet::new();
+        for id in ids {
+            let keys = Keys::new(id);
+            for key in [keys.state(), keys.meta(), keys.window(1), keys.window(11)] {
+                assert!(seen.insert(key.clone()), "{key} twice");
+            }
+        }
+    }
+}

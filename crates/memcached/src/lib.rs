@@ -1,0 +1,102 @@
+//! The sluice [`Store`](sluice_limiter::Store) on a pool of memcached servers: sliding-window
+//! counters with `add`/`incr`, compare-and-swap for the other algorithms, consistent hashing.
+//!
+//! ```no_run
+//! use sluice_limiter::{Limiter, Policy};
+//! use sluice_memcached::MemcachedStore;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemcachedStore::connect("memcached://10.0.0.1:11211,10.0.0.2:11211").await?;
+//! let limiter = Limiter::builder(store)
+//!     .policy(Policy::new("api", "apikey:100/m algorithm=sliding-window")?)
+//!     .build()?;
+//! let checked = limiter.check("api", &[("apikey", "k-123")], 1).await?;
+//! assert!(checked.decision.allowed);
+//! # Ok(()) }
+//! ```
+//!
+//! # How each algorithm is kept
+//!
+//! - **Sliding window counter** (native): one counter per sub-window, `<id>|w<n>`, created
+//!   with `add` and counted with `incr`, both atomic on the server, summed with one multi-key
+//!   `get`, each expiring by itself one sub-window after the window slid past it. Exact: a
+//!   hit is admitted from the total `incr` returns, so no read-then-write race can admit more
+//!   than the limit (see [`leaf`]).
+//! - **GCRA, fixed window, sliding log**: the state as short text under `<id>|s`, updated
+//!   with `gets` then `cas` (`add` when absent), tried again on a lost race up to 64 times
+//!   ([`MemcachedStoreBuilder::cas_tries`]), then an honest
+//!   [`Contention`](MemcachedError::Contention) error (transient: the failure policy
+//!   decides). A sliding log must fit one item: limits above
+//!   [`MAX_LOG_LIMIT`](value::MAX_LOG_LIMIT) are refused at decision time with
+//!   [`Unsupported`](MemcachedError::Unsupported) (use sliding-window or GCRA instead).
+//! - **Compound rules and penalties**: decided leaf by leaf; what an early leaf took is given
+//!   back when a later one denies, so a rule never over-admits; rules with `and` take turns
+//!   under a short lease per operation ([`lease`]). The bound on
+//!   under-admission, and what steps cost, are in [`decide`].
+//!
+//! Key layouts and value formats: [`key`] and [`value`]. Identifiers
+//! that memcached cannot take as keys (over 200 bytes, whitespace, control or non-ASCII
+//! characters) are hashed (SHA-256).
+//!
+//! # A pool of servers
+//!
+//! `memcached://a:11211,b:11211,c:11211`: keys are spread by a ketama-style consistent-hash
+//! ring ([`ring`]), all keys of one identifier on one server. A server that
+//! refuses connections, drops them or keeps timing out is marked down for a while (2 s by
+//! default): its keys go to the next server on the ring and start afresh there (clients of
+//! those keys may get up to one more limit's worth), the other servers' keys do not move;
+//! then it is tried again, and its keys return to it (afresh again if it restarted). Every
+//! decision is bounded by the store's timeout (250 ms by default); a failure is a transient
+//! [`StoreError`](sluice_limiter::StoreError), and the policy's failure mode (open, closed,
+//! local) decides, as with every store.
+//!
+//! # Evictions and wrap
+//!
+//! memcached may evict any key when its memory is full. An evicted counter or state restarts
+//! from zero: a client can get slightly over its limit (at most one more limit's worth per
+//! eviction), never blocked for good, since every key expires. Evictions the store notices
+//! (a counter or state gone while it should have lived) are counted in
+//! [`MemcachedStats::evictions`]; memcached's own count is in
+//! [`MemcachedStore::server_stats`]. Counters cannot wrap: a limit is at most 10^12
+//! ([`MAX_COUNT`](sluice_core::rate::MAX_COUNT)), a cost above it is never added, and a
+//! counter holds at most twice its limit plus the cost of the hits in flight, far below
+//! 2^64; a counter found below what was just added to it (a foreign value) denies that hit
+//! and is counted in [`MemcachedStats::wrapped`].
+//!
+//! # Clocks
+//!
+//! memcached has no clock to share, so decisions use the caller's clock
+//! ([`MemcachedStoreBuilder::clock`], the system clock by default). Keep app servers on NTP:
+//! with clocks `d` apart, a sliding-window sub-window starts `d` earlier on one server than on
+//! another, so for up to `d` around each boundary the two count different sub-windows (the
+//! limit over any window may be off by the hits of about `d`); a GCRA bucket refills `d`
+//! sooner for the server ahead, which can admit up to `d / interval` more hits, and later for
+//! the one behind, which denies that many sooner. A fixed window turns over `d` apart. Skew
+//! far below the sub-window (or the GCRA interval) changes nothing in practice.
+
+#![forbid(unsafe_code)]
+
+pub mod cas;
+mod commands;
+mod connection;
+pub mod decide;
+mod error;
+mod expiry;
+pub mod key;
+pub mod leaf;
+pub mod lease;
+mod pool;
+pub mod protocol;
+pub mod ring;
+mod stats;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod url;
+pub mod value;
+
+pub use error::MemcachedError;
+pub use stats::{MemcachedStats, ServerStats};
+pub use store::{
+    DEFAULT_CONNECTIONS, DEFAULT_DOWN_FOR, DEFAULT_TIMEOUT, MemcachedStore, MemcachedStoreBuilder,
+};

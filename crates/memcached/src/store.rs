@@ -1,0 +1,234 @@
+//! `MemcachedStore`: the `Store` trait on a pool of memcached servers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::Decision;
+use sluice_limiter::{Clock, Hit, Store, StoreError, SystemClock};
+
+use crate::MemcachedError;
+use crate::cas::{Combiner, DEFAULT_CAS_TRIES};
+use crate::key::Keys;
+use crate::lease::Leases;
+use crate::pool::{Deadline, Pool, PoolConfig};
+use crate::stats::{MemcachedStats, ServerStats};
+use crate::url::parse;
+
+/// Time allowed for one decision when neither the builder nor the URL sets one.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// Connections per server by default; each carries many requests at once (pipelined).
+pub const DEFAULT_CONNECTIONS: usize = 4;
+/// How long a failed server is skipped by default.
+pub const DEFAULT_DOWN_FOR: Duration = Duration::from_secs(2);
+/// Most sub-window counters one reset deletes around the present (see `reset`).
+const RESET_MARGIN: u64 = 2;
+
+/// The store on memcached. Cheap to clone; clones share the connections, the counts of
+/// [`MemcachedStats`] and the turn-taking of compare-and-swap updates.
+#[derive(Clone)]
+pub struct MemcachedStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) combiner: Combiner,
+    pub(crate) leases: Leases,
+    pub(crate) cas_tries: u32,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) timeout: Duration,
+}
+
+/// Configures a [`MemcachedStore`]. Settings made here win over the URL's options.
+pub struct MemcachedStoreBuilder {
+    url: String,
+    timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    connections: Option<usize>,
+    down_for: Option<Duration>,
+    cas_tries: u32,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemcachedStoreBuilder {
+    /// Time allowed for one decision; past it the call fails with a transient error and the
+    /// policy's failure mode decides.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Connections per server (at least 1).
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = Some(connections.max(1));
+        self
+    }
+
+    /// How long a server that failed is skipped before it is tried again.
+    pub fn down_for(mut self, down_for: Duration) -> Self {
+        self.down_for = Some(down_for);
+        self
+    }
+
+    /// Tries of one compare-and-swap update before it fails with
+    /// [`MemcachedError::Contention`] (at least 1; default 64).
+    pub fn cas_tries(mut self, tries: u32) -> Self {
+        self.cas_tries = tries.max(1);
+        self
+    }
+
+    /// The clock decisions run on. memcached has no clock to share, so every app server's
+    /// clock counts: see the crate documentation on skew.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the pool and checks that at least one server answers `version` (servers that
+    /// do not are marked down, and tried again later).
+    pub async fn connect(self) -> Result<MemcachedStore, MemcachedError> {
+        let settings = parse(&self.url)?;
+        let timeout = self.timeout.or(settings.timeout).unwrap_or(DEFAULT_TIMEOUT);
+        let connect_timeout = self
+            .connect_timeout
+            .or(settings.connect_timeout)
+            .unwrap_or(Duration::from_secs(2));
+        let config = PoolConfig {
+            connections: self
+                .connections
+                .or(settings.connections)
+                .unwrap_or(DEFAULT_CONNECTIONS),
+            connect_timeout,
+            down_for: self
+                .down_for
+                .or(settings.down_for)
+                .unwrap_or(DEFAULT_DOWN_FOR),
+        };
+        let pool = Pool::new(settings.servers, config);
+        let mut answered = 0;
+        let mut last_error = None;
+        for server in 0..pool.len() {
+            match pool.version(server, Deadline::after(connect_timeout)).await {
+                Ok(_) => answered += 1,
+                Err(e) => last_error = Some(e),
+            }
+        }
+        if answered == 0 {
+            return Err(last_error.unwrap_or(MemcachedError::NoServer));
+        }
+        Ok(MemcachedStore {
+            inner: Arc::new(Inner {
+                pool,
+                combiner: Combiner::new(64),
+                leases: Leases::new(256),
+                cas_tries: self.cas_tries,
+                clock: self.clock,
+                timeout,
+            }),
+        })
+    }
+}
+
+impl MemcachedStore {
+    /// Connects with default settings (and the URL's options).
+    pub async fn connect(url: &str) -> Result<MemcachedStore, MemcachedError> {
+        MemcachedStore::builder(url).connect().await
+    }
+
+    pub fn builder(url: &str) -> MemcachedStoreBuilder {
+        MemcachedStoreBuilder {
+            url: url.to_owned(),
+            timeout: None,
+            connect_timeout: None,
+            connections: None,
+            down_for: None,
+            cas_tries: DEFAULT_CAS_TRIES,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// What this store (and its clones) counted: evictions seen, contention, servers down.
+    pub fn stats(&self) -> MemcachedStats {
+        self.inner.pool.counters.snapshot()
+    }
+
+    /// Each server's own `stats` (evictions, items), in the URL's order; `Err` for a server
+    /// that did not answer.
+    pub async fn server_stats(&self) -> Vec<Result<ServerStats, MemcachedError>> {
+        let mut all = Vec::new();
+        for server in 0..self.inner.pool.len() {
+            let deadline = Deadline::after(self.inner.timeout);
+            all.push(self.inner.pool.server_stats(server, deadline).await);
+        }
+        all
+    }
+
+    /// The server (`host:port`, as in the URL) that holds `identifier`'s state now.
+    pub fn server_of(&self, identifier: &str) -> Option<&str> {
+        let pool = &self.inner.pool;
+        let index = pool.server_for(Keys::new(identifier).route())?;
+        pool.addresses().nth(index)
+    }
+
+    /// The time decisions use now: the store's clock.
+    pub fn now(&self) -> u64 {
+        self.inner.clock.now()
+    }
+
+    /// Forgets `identifiers`: their `|s` state, and for sliding-window leaves the counters
+    /// of the sub-windows around now (found through the `|m` record).
+    async fn forget(&self, identifiers: &[String]) -> Result<(), MemcachedError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        for identifier in identifiers {
+            let keys = Keys::new(identifier);
+            let route = keys.route();
+            let meta = inner.pool.get(route, &[keys.meta()], deadline).await?;
+            let mut doomed = vec![keys.state(), keys.meta()];
+            if let Some((sub, g)) = meta.values().next().and_then(|m| window_shape(m)) {
+                // Every sub-window counted now, and a margin for callers' clocks either way.
+                let current = now / sub;
+                let first = current.saturating_sub(g + RESET_MARGIN);
+                doomed.extend((first..=current + RESET_MARGIN).map(|n| keys.window(n)));
+            }
+            inner.pool.delete(route, &doomed, deadline).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `<sub-window ns> <sub-windows>` from a `|m` record.
+fn window_shape(meta: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(meta).ok()?;
+    let (sub, g) = text.split_once(' ')?;
+    let sub = crate::protocol::number(sub.as_bytes()).filter(|&s| s > 0)?;
+    let g = crate::protocol::number(g.as_bytes())
+        .filter(|&g| (1..=u64::from(sluice_core::rule::MAX_WINDOWS)).contains(&g))?;
+    Some((sub, g))
+}
+
+impl Store for MemcachedStore {
+    async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        // Every step is bounded by a deadline (the steps after the decision by one of their
+        // own, so a slow start does not leave reservations behind); this is only a backstop.
+        let backstop = inner.timeout * 3;
+        let decided = tokio::time::timeout(backstop, inner.decide(hit, now, deadline)).await;
+        match decided {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+        }
+    }
+
+    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+        Ok(self.forget(identifiers).await?)
+    }
+}
