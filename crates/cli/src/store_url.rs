@@ -5,12 +5,16 @@
 //!   `redis+cluster://host:port,host:port,...` (and `rediss+cluster://`): shared Redis.
 //!   `timeout_ms` (default 250) bounds each decision; past it the policy's failure mode
 //!   decides. Other query parameters go to the Redis client as they are.
+//! - `memcached://host:port,host:port,...[?timeout_ms=N&connect_timeout_ms=N&connections=N&down_ms=N]`:
+//!   a pool of memcached servers (consistent hashing; a failed server is skipped for
+//!   `down_ms`, default 2000). Decisions use this process's clock: keep servers on NTP.
 
 use std::time::Duration;
 
 use sluice_core::Decision;
 use sluice_limiter::memory::DEFAULT_MAX_IDENTIFIERS;
 use sluice_limiter::{Hit, MemoryStore, Store, StoreError};
+use sluice_memcached::MemcachedStore;
 use sluice_redis::RedisStore;
 
 /// A store chosen at run time.
@@ -18,6 +22,7 @@ use sluice_redis::RedisStore;
 pub enum AnyStore {
     Memory(MemoryStore),
     Redis(RedisStore),
+    Memcached(MemcachedStore),
 }
 
 impl AnyStore {
@@ -32,6 +37,7 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.decide(hit).await,
             AnyStore::Redis(store) => store.decide(hit).await,
+            AnyStore::Memcached(store) => store.decide(hit).await,
         }
     }
 
@@ -39,6 +45,7 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(store) => store.reset(identifiers).await,
             AnyStore::Redis(store) => store.reset(identifiers).await,
+            AnyStore::Memcached(store) => store.reset(identifiers).await,
         }
     }
 }
@@ -114,9 +121,14 @@ pub async fn open(url: &str) -> Result<AnyStore, String> {
                 .map_err(|e| format!("{}: {e}", sluice_redis::url::redact(url)))?;
             Ok(AnyStore::Redis(store))
         }
-        "memcached" => Err("the `memcached` store is not built yet".into()),
+        "memcached" => {
+            let store = MemcachedStore::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(AnyStore::Memcached(store))
+        }
         other => Err(format!(
-            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://)"
+            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, memcached://)"
         )),
     }
 }

@@ -59,6 +59,12 @@ pub fn parse(url: &str) -> Result<Settings, MemcachedError> {
     }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !["timeout_ms", "connect_timeout_ms", "down_ms", "connections"].contains(&name) {
+            return Err(bad(&format!(
+                "unknown option `{name}` (known: timeout_ms, connect_timeout_ms, connections, \
+                 down_ms)"
+            )));
+        }
         let positive = value
             .parse::<u64>()
             .ok()
@@ -69,13 +75,7 @@ pub fn parse(url: &str) -> Result<Settings, MemcachedError> {
             "timeout_ms" => settings.timeout = Some(ms),
             "connect_timeout_ms" => settings.connect_timeout = Some(ms),
             "down_ms" => settings.down_for = Some(ms),
-            "connections" => settings.connections = Some(positive.min(1024) as usize),
-            other => {
-                return Err(bad(&format!(
-                    "unknown option `{other}` (known: timeout_ms, connect_timeout_ms, \
-                     connections, down_ms)"
-                )));
-            }
+            _ => settings.connections = Some(positive.min(1024) as usize),
         }
     }
     Ok(settings)

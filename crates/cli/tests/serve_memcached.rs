@@ -1,0 +1,77 @@
+//! Two `sluice serve` processes sharing one memcached enforce one limit exactly, and a pool
+//! of three works the same.
+
+mod support;
+
+use sluice_memcached::testing::MemcachedServer;
+use support::{Server, flood};
+
+const CONFIG: &str = r#"
+[policies.gcra]
+rule = "user:100/m"
+
+[policies.window]
+rule = "user:100/m"
+algorithm = "sliding-window"
+
+[policies.log]
+rule = "user:100/m"
+algorithm = "sliding-log"
+
+[policies.fixed]
+rule = "user:100/10y"
+algorithm = "fixed-window"
+
+[policies.compound]
+rule = "or(user:100/m, 1000/h)"
+algorithm = "sliding-window"
+"#;
+
+/// 64 clients over two servers on one identifier of `100/m`: exactly 100 admitted with the
+/// sliding window counter and every other algorithm.
+fn two_servers_one_limit(store_url: &str) {
+    let store = ["--store", store_url];
+    let a = Server::start_with(CONFIG, &store);
+    let b = Server::start_with(CONFIG, &store);
+    for (policy, limit) in [
+        ("window", 100),
+        ("log", 100),
+        ("fixed", 100),
+        ("compound", 100),
+    ] {
+        let (admitted, _) = flood(&[&a, &b], 64, policy, 4);
+        assert_eq!(admitted, limit, "policy {policy} on {store_url}");
+    }
+    // GCRA refills one hit per 0.6 s: exactly 100 from the full bucket, plus at most what
+    // refilled while the flood ran.
+    let (admitted, seconds) = flood(&[&a, &b], 64, "gcra", 4);
+    let refill = (seconds / 0.6).floor() as usize + 1;
+    assert!(
+        (100..=100 + refill).contains(&admitted),
+        "gcra admitted {admitted} in {seconds:.2}s"
+    );
+}
+
+#[test]
+fn two_servers_share_one_memcached() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    two_servers_one_limit(&memcached.url());
+}
+
+#[test]
+fn two_servers_share_a_pool_of_three() {
+    let pool = MemcachedServer::start_many(3).expect("memcached");
+    two_servers_one_limit(&MemcachedServer::pool_url(&pool));
+}
+
+#[test]
+fn a_bad_memcached_url_is_refused_at_start() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg("memcached://127.0.0.1:1?speed=fast")
+        .output()
+        .expect("run sluice");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown option `speed`"), "{stderr}");
+}
