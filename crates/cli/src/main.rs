@@ -15,6 +15,7 @@ use sluice_cli::store_url::AnyStore;
 use sluice_cli::{config, http, output, simulate, store_url};
 use sluice_core::{Algorithm, Rule};
 use sluice_limiter::{Limiter, MemoryStore, Policy};
+use sluice_server::{Service, reload};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Distributed rate limiting")]
@@ -36,6 +37,18 @@ enum Command {
         /// Where counters live: memory:// (the default).
         #[arg(long, default_value = "memory://")]
         store: String,
+        /// Also serve Envoy's rate limit service (gRPC) on this address.
+        #[arg(long, value_name = "ADDR")]
+        grpc_listen: Option<SocketAddr>,
+        /// Also serve the Redis protocol (CL.THROTTLE, SLUICE.CHECK) on this address.
+        #[arg(long, value_name = "ADDR")]
+        resp_listen: Option<SocketAddr>,
+        /// A directory of envoyproxy/ratelimit YAML files (one domain each).
+        #[arg(long, value_name = "DIR")]
+        envoy_config: Option<PathBuf>,
+        /// Add X-RateLimit-* and RateLimit headers to Envoy answers.
+        #[arg(long)]
+        envoy_headers: bool,
     },
     /// Decide one hit on a fresh in-memory store and print the decision as JSON.
     Check {
@@ -76,7 +89,19 @@ fn main() -> ExitCode {
             config,
             listen,
             store,
-        } => serve(config, listen, &store),
+            grpc_listen,
+            resp_listen,
+            envoy_config,
+            envoy_headers,
+        } => serve(Listeners {
+            config,
+            listen,
+            store,
+            grpc_listen,
+            resp_listen,
+            envoy_config,
+            envoy_headers,
+        }),
         Command::Check {
             rule,
             algorithm,
@@ -190,11 +215,18 @@ fn validate(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn serve(
-    config_path: Option<PathBuf>,
+/// What `sluice serve` was asked to do.
+struct Listeners {
+    config: Option<PathBuf>,
     listen: SocketAddr,
-    store: &str,
-) -> anyhow::Result<ExitCode> {
+    store: String,
+    grpc_listen: Option<SocketAddr>,
+    resp_listen: Option<SocketAddr>,
+    envoy_config: Option<PathBuf>,
+    envoy_headers: bool,
+}
+
+fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -203,38 +235,63 @@ fn serve(
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let policies = match &config_path {
-        Some(path) => match config::load(path) {
-            Ok(c) => c.policies,
-            Err(e) => {
-                eprintln!("sluice: {e}");
-                return Ok(ExitCode::from(INVALID_INPUT));
-            }
+    if args.config.is_none() && args.envoy_config.is_none() {
+        tracing::warn!("no --config or --envoy-config given: serving with no policies");
+    }
+    let config_path = args.config.clone();
+    let load = reload::loader(
+        move || match &config_path {
+            Some(path) => config::load(path)
+                .map(|c| c.policies)
+                .map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
         },
-        None => {
-            tracing::warn!("no --config given: serving with no policies");
-            Vec::new()
+        args.envoy_config.clone(),
+    );
+    let (policies, envoy) = match load() {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return Ok(ExitCode::from(INVALID_INPUT));
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = match store_url::open(store).await {
+        let store = match store_url::open(&args.store).await {
             Ok(s) => s,
             Err(message) => {
                 eprintln!("sluice: --store: {message}");
                 return Ok(ExitCode::from(INVALID_INPUT));
             }
         };
-        let count = policies.len();
-        let mut builder = Limiter::builder(store.clone()).policies(policies);
+        let all: Vec<Policy> = policies
+            .iter()
+            .cloned()
+            .chain(envoy.policies.iter().cloned())
+            .collect();
+        let count = all.len();
+        let mut builder = Limiter::builder(store.clone()).policies(all);
         if store.is_remote() {
             // Clients already denied are answered here; a reset made by another server is
             // seen here within a second at most.
             builder = builder.near_cache(100_000, Duration::from_secs(1));
         }
         let limiter = Arc::new(builder.build()?);
+        let mut service = Service::new(store.clone(), limiter.clone(), envoy);
+        service.envoy_headers = args.envoy_headers;
+        if let AnyStore::Memory(memory) = &store {
+            let memory = memory.clone();
+            service.store_metrics = Some(Box::new(move || {
+                let stats = memory.stats();
+                format!(
+                    "# HELP sluice_identifiers Identifiers held by the memory store.\n# TYPE sluice_identifiers gauge\nsluice_identifiers {}\n# HELP sluice_evictions_total Live states evicted to respect the bound.\n# TYPE sluice_evictions_total counter\nsluice_evictions_total {}\n",
+                    stats.identifiers, stats.evictions
+                )
+            }));
+        }
+        let service = Arc::new(service);
         if let AnyStore::Memory(memory) = store {
             // Expired state is dropped in the background so idle identifiers free memory.
             tokio::spawn(async move {
@@ -245,15 +302,69 @@ fn serve(
                 }
             });
         }
-        let listener = tokio::net::TcpListener::bind(listen)
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let until_stopped = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }
+        };
+        let listener = tokio::net::TcpListener::bind(args.listen)
             .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
         let address = listener.local_addr()?;
-        // One plain line on stdout, so scripts and tests can find the port of `--listen :0`.
+        let mut tasks = tokio::task::JoinSet::new();
+        // One plain line on stdout per listener, so scripts and tests can find the port of
+        // `--listen :0`.
         println!("sluice listening on http://{address}");
+        if let Some(addr) = args.grpc_listen {
+            let grpc = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            println!("sluice grpc listening on {}", grpc.local_addr()?);
+            let service = service.clone();
+            let shutdown = until_stopped();
+            tasks.spawn(async move {
+                sluice_server::grpc::serve(grpc, service, shutdown)
+                    .await
+                    .map_err(anyhow::Error::from)
+            });
+        }
+        if let Some(addr) = args.resp_listen {
+            let resp = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            println!("sluice resp listening on {}", resp.local_addr()?);
+            let service = service.clone();
+            let shutdown = until_stopped();
+            tasks.spawn(async move {
+                sluice_server::resp::serve(resp, service, shutdown).await;
+                Ok(())
+            });
+        }
         std::io::stdout().flush()?;
+        let watched: Vec<PathBuf> = args
+            .config
+            .iter()
+            .chain(args.envoy_config.iter())
+            .cloned()
+            .collect();
+        let watcher = tokio::spawn(reload::watch(service.clone(), load, watched));
         tracing::info!(%address, policies = count, "serving");
-        http::serve(listener, http::router(limiter), shutdown_signal()).await?;
+        service.set_ready(true);
+        let router = http::router(limiter).merge(sluice_server::http::router(service.clone()));
+        let ready = service.clone();
+        let shutdown = until_stopped();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            ready.set_ready(false);
+            let _ = stop.send(true);
+        });
+        http::serve(listener, router, shutdown).await?;
+        while let Some(result) = tasks.join_next().await {
+            result??;
+        }
+        watcher.abort();
         tracing::info!("shut down cleanly");
         Ok(ExitCode::SUCCESS)
     })

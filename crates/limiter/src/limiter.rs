@@ -168,6 +168,23 @@ impl<S: Store> Limiter<S> {
         Ok(())
     }
 
+    /// Adds `policy`, or replaces the one of the same name, keeping every other. Meant for
+    /// policies made on the fly (a protocol naming its limit in the request); each call copies
+    /// the table, so keep their number bounded.
+    pub fn add_policy(&self, policy: Policy) -> Result<Arc<CompiledPolicy>, PolicyError> {
+        let compiled = Arc::new(CompiledPolicy::compile(policy)?);
+        let mut table = self.policies.write();
+        let mut next = Policies::clone(&table);
+        next.insert(compiled.name().to_owned(), compiled.clone());
+        *table = Arc::new(next);
+        Ok(compiled)
+    }
+
+    /// How many policies are loaded.
+    pub fn policy_count(&self) -> usize {
+        self.policies.read().len()
+    }
+
     /// Decides a hit of `cost` on `policy` and records it. Cost 0 checks without recording.
     pub async fn check(
         &self,

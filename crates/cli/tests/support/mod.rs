@@ -12,6 +12,11 @@ use serde_json::Value;
 pub struct Server {
     child: Child,
     pub base: String,
+    /// `host:port` of `--grpc-listen` and `--resp-listen`, when asked for.
+    pub grpc: Option<String>,
+    pub resp: Option<String>,
+    /// The temporary directory holding the config files.
+    pub dir: std::path::PathBuf,
     _dir: TempDir,
 }
 
@@ -35,6 +40,28 @@ impl Server {
 
     /// Starts `sluice serve` through a wrapper command (e.g. `faketime -m -f +365d`).
     pub fn start_under(wrapper: &[&str], config: &str, extra: &[&str]) -> Server {
+        Server::start_full(wrapper, config, &[], extra)
+    }
+
+    /// Starts `sluice serve` with envoyproxy/ratelimit YAML files `(name, text)` in a
+    /// directory passed as `--envoy-config`, listening on gRPC and RESP too.
+    pub fn start_envoy(config: &str, envoy: &[(&str, &str)], extra: &[&str]) -> Server {
+        let mut args = vec![
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--resp-listen",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        Server::start_full(&[], config, envoy, &args)
+    }
+
+    fn start_full(
+        wrapper: &[&str],
+        config: &str,
+        envoy: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Server {
         let dir = std::env::temp_dir().join(format!(
             "sluice-serve-{}-{}",
             std::process::id(),
@@ -43,6 +70,11 @@ impl Server {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("policies.toml");
         std::fs::write(&path, config).unwrap();
+        let envoy_dir = dir.join("envoy");
+        std::fs::create_dir_all(&envoy_dir).unwrap();
+        for (name, text) in envoy {
+            std::fs::write(envoy_dir.join(name), text).unwrap();
+        }
         let binary = env!("CARGO_BIN_EXE_sluice");
         let (program, before) = match wrapper.split_first() {
             Some((program, args)) => (*program, [args, &[binary]].concat()),
@@ -52,15 +84,33 @@ impl Server {
             .args(before)
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&path)
+            .args(if envoy.is_empty() {
+                Vec::new()
+            } else {
+                vec!["--envoy-config".as_ref(), envoy_dir.as_os_str()]
+            })
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start sluice");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        let mut next = |prefix: &str| {
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            line.trim()
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+                .to_owned()
+        };
+        let grpc = extra
+            .contains(&"--grpc-listen")
+            .then(|| next("sluice grpc listening on "));
+        let resp = extra
+            .contains(&"--resp-listen")
+            .then(|| next("sluice resp listening on "));
         let base = line
             .trim()
             .strip_prefix("sluice listening on ")
@@ -69,8 +119,15 @@ impl Server {
         Server {
             child,
             base,
+            grpc,
+            resp,
+            dir: dir.clone(),
             _dir: TempDir(dir),
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Stops the server with SIGTERM and returns whether it exited cleanly.

@@ -1,0 +1,461 @@
+//! envoyproxy/ratelimit's YAML configuration, loaded unchanged: one file per domain, nested
+//! `descriptors` (key, optional value, `foo*` wildcards), `rate_limit` (`unit`,
+//! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, `detailed_metric`.
+//!
+//! Extensions: `unit` takes a multiplier (`5 minutes`), and `rate_limit` may name a sluice
+//! `algorithm` (default `fixed-window`, as envoyproxy/ratelimit counts) and a `burst`.
+//! Each limited leaf becomes one sluice [`Policy`], counting per distinct descriptor.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sluice_core::{Algorithm, Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit};
+use sluice_limiter::Policy;
+
+/// The selector every envoy policy counts by: the request's descriptor entries.
+pub const SELECTOR: &str = "descriptor";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+    #[serde(default)]
+    shadow_mode: bool,
+    /// Accepted for compatibility: sluice's metrics are per policy (per leaf) already.
+    #[serde(default, rename = "detailed_metric")]
+    _detailed_metric: bool,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+    #[serde(default)]
+    unit: Option<String>,
+    #[serde(default)]
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    algorithm: Option<String>,
+    #[serde(default)]
+    burst: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplace {
+    name: String,
+}
+
+/// A configuration that cannot be used: the file, and a message naming the descriptor path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyConfigError {
+    pub file: PathBuf,
+    pub message: String,
+}
+
+impl fmt::Display for EnvoyConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file.display(), self.message)
+    }
+}
+
+impl std::error::Error for EnvoyConfigError {}
+
+/// What a matched leaf says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Limit {
+    /// `unlimited: true`: always OK, never counted.
+    Unlimited,
+    /// `requests_per_unit: 0`: always over limit, never counted.
+    Blocked(Arc<Limited>),
+    Limited(Arc<Limited>),
+}
+
+/// A counted limit and the sluice policy that enforces it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limited {
+    /// The policy's name (derived from the domain and the descriptor path).
+    pub policy: String,
+    /// `rate_limit.name`, for `replaces`.
+    pub name: Option<String>,
+    pub replaces: Vec<String>,
+    pub requests_per_unit: u64,
+    pub span: Span,
+    pub shadow: bool,
+}
+
+/// One node of a domain's descriptor tree.
+#[derive(Debug, Default)]
+pub struct Node {
+    pub limit: Option<Limit>,
+    pub children: Level,
+}
+
+/// The children of a node, by how they match an entry.
+#[derive(Debug, Default)]
+pub struct Level {
+    exact: HashMap<(String, String), Node>,
+    /// `(key, value prefix)` for values written `prefix*`, in file order.
+    wildcard: Vec<(String, String, Node)>,
+    any: HashMap<String, Node>,
+}
+
+impl Level {
+    /// The child matching `key`/`value`: exact value first, then wildcards, then key only
+    /// (the order envoyproxy/ratelimit uses).
+    pub fn find(&self, key: &str, value: &str) -> Option<&Node> {
+        // Borrowed lookup without allocating would need a custom key; entries are short.
+        if let Some(node) = self.exact.get(&(key.to_owned(), value.to_owned())) {
+            return Some(node);
+        }
+        if let Some((_, _, node)) = self
+            .wildcard
+            .iter()
+            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+        {
+            return Some(node);
+        }
+        self.any.get(key)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcard.is_empty() && self.any.is_empty()
+    }
+}
+
+/// Every domain's tree, and the policies its limited leaves need.
+#[derive(Debug, Default)]
+pub struct EnvoyConfig {
+    pub domains: HashMap<String, Level>,
+    pub policies: Vec<Policy>,
+}
+
+impl EnvoyConfig {
+    /// The limit for one request descriptor: walk the tree entry by entry; the limit counts
+    /// only when the last entry lands on a node that has one.
+    pub fn limit_for<'a>(&self, domain: &str, entries: &[(&'a str, &'a str)]) -> Option<&Limit> {
+        let mut level = self.domains.get(domain)?;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let node = level.find(key, value)?;
+            if i + 1 == entries.len() {
+                return node.limit.as_ref();
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+
+/// Loads every `*.yaml` / `*.yml` file of `dir` (sorted by name; one domain per file).
+pub fn load_dir(dir: &Path) -> Result<EnvoyConfig, EnvoyConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| EnvoyConfigError {
+        file: dir.to_owned(),
+        message: format!("cannot read directory: {e}"),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+        })
+        .collect();
+    files.sort();
+    let mut texts = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(|e| EnvoyConfigError {
+            file: file.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
+        texts.push((file, text));
+    }
+    parse(texts.iter().map(|(f, t)| (f.as_path(), t.as_str())))
+}
+
+/// Validates config files given as `(path, text)`; the path is used in messages only.
+pub fn parse<'a>(
+    files: impl IntoIterator<Item = (&'a Path, &'a str)>,
+) -> Result<EnvoyConfig, EnvoyConfigError> {
+    let mut config = EnvoyConfig::default();
+    for (path, text) in files {
+        let error = |message: String| EnvoyConfigError {
+            file: path.to_owned(),
+            message,
+        };
+        let raw: RawFile = serde_norway::from_str(text).map_err(|e| error(e.to_string()))?;
+        if raw.domain.is_empty() {
+            return Err(error("`domain` must not be empty".into()));
+        }
+        if config.domains.contains_key(&raw.domain) {
+            return Err(error(format!("domain `{}` is defined twice", raw.domain)));
+        }
+        let mut level = Level::default();
+        let mut path_names = Vec::new();
+        build_level(
+            &raw.domain,
+            &raw.descriptors,
+            &mut path_names,
+            &mut level,
+            &mut config.policies,
+        )
+        .map_err(error)?;
+        config.domains.insert(raw.domain, level);
+    }
+    Ok(config)
+}
+
+fn build_level(
+    domain: &str,
+    raw: &[RawDescriptor],
+    path: &mut Vec<String>,
+    level: &mut Level,
+    policies: &mut Vec<Policy>,
+) -> Result<(), String> {
+    for descriptor in raw {
+        if descriptor.key.is_empty() {
+            return Err(format!(
+                "descriptors.{}: `key` must not be empty",
+                path.join(".")
+            ));
+        }
+        let segment = match &descriptor.value {
+            Some(v) => format!("{}={}", descriptor.key, v),
+            None => descriptor.key.clone(),
+        };
+        path.push(segment);
+        let here = path.join(".");
+        let mut node = Node::default();
+        if let Some(rate) = &descriptor.rate_limit {
+            let (limit, policy) = build_limit(domain, &here, rate, descriptor.shadow_mode)
+                .map_err(|m| format!("descriptor `{here}`: {m}"))?;
+            node.limit = Some(limit);
+            policies.extend(policy);
+        }
+        build_level(
+            domain,
+            &descriptor.descriptors,
+            path,
+            &mut node.children,
+            policies,
+        )?;
+        path.pop();
+        let key = descriptor.key.clone();
+        let duplicate = match &descriptor.value {
+            Some(v) if v.ends_with('*') => {
+                let prefix = v.trim_end_matches('*').to_owned();
+                let dup = level
+                    .wildcard
+                    .iter()
+                    .any(|(k, p, _)| *k == key && *p == prefix);
+                level.wildcard.push((key, prefix, node));
+                dup
+            }
+            Some(v) => level.exact.insert((key, v.clone()), node).is_some(),
+            None => level.any.insert(key, node).is_some(),
+        };
+        if duplicate {
+            return Err(format!("descriptor `{here}` is defined twice"));
+        }
+    }
+    Ok(())
+}
+
+fn build_limit(
+    domain: &str,
+    path: &str,
+    raw: &RawRateLimit,
+    shadow: bool,
+) -> Result<(Limit, Option<Policy>), String> {
+    if raw.unlimited {
+        if raw.requests_per_unit.is_some() || raw.unit.is_some() {
+            return Err("`unlimited` takes no `unit` or `requests_per_unit`".into());
+        }
+        return Ok((Limit::Unlimited, None));
+    }
+    let unit = raw.unit.as_deref().ok_or("`rate_limit` needs `unit`")?;
+    let span = parse_unit(unit)?;
+    let requests = raw
+        .requests_per_unit
+        .ok_or("`rate_limit` needs `requests_per_unit`")?;
+    let policy = policy_name(domain, path);
+    let limited = Arc::new(Limited {
+        policy: policy.clone(),
+        name: raw.name.clone(),
+        replaces: raw.replaces.iter().map(|r| r.name.clone()).collect(),
+        requests_per_unit: requests,
+        span,
+        shadow,
+    });
+    if requests == 0 {
+        return Ok((Limit::Blocked(limited), None));
+    }
+    let algorithm = match &raw.algorithm {
+        Some(name) => name.parse::<Algorithm>().map_err(|e| e.to_string())?,
+        None => Algorithm::FixedWindow,
+    };
+    let rate = Rate::new(requests, span).map_err(|e| e.to_string())?;
+    let leaf = Leaf {
+        selector: Selector::new([SELECTOR]).expect("a valid name"),
+        rate,
+        options: LeafOptions {
+            algorithm: None,
+            burst: raw.burst,
+            windows: None,
+        },
+    };
+    let policy = Policy::from_rule(policy, Rule::Leaf(leaf))
+        .algorithm(algorithm)
+        .shadow(shadow)
+        // envoyproxy/ratelimit counts every hit, over the limit or not.
+        .count_denied(algorithm == Algorithm::FixedWindow);
+    sluice_limiter::CompiledPolicy::compile(policy.clone()).map_err(|e| e.to_string())?;
+    Ok((Limit::Limited(limited), Some(policy)))
+}
+
+/// `second`, `MINUTE`, `5 minutes`, `month` (30 days).
+pub fn parse_unit(text: &str) -> Result<Span, String> {
+    let text = text.trim();
+    let (multiplier, name) = match text.split_once(char::is_whitespace) {
+        Some((n, rest)) => (
+            n.parse::<u64>()
+                .map_err(|_| format!("`{text}` is not a unit"))?,
+            rest.trim(),
+        ),
+        None => (1, text),
+    };
+    let (multiplier, unit) = match name.to_ascii_lowercase().as_str() {
+        "month" | "months" => (multiplier.saturating_mul(30), Unit::Day),
+        other => (
+            multiplier,
+            Unit::from_name(other).ok_or_else(|| format!("`{text}` is not a unit"))?,
+        ),
+    };
+    Span::new(multiplier, unit).map_err(|e| e.to_string())
+}
+
+/// `envoy.DOMAIN.key=value.key`, or a hash of it when that is not a valid policy name.
+fn policy_name(domain: &str, path: &str) -> String {
+    let readable = format!("envoy.{domain}.{path}");
+    let valid = readable.len() <= 128
+        && !readable
+            .chars()
+            .any(|c| matches!(c, ':' | '{' | '}') || c.is_whitespace() || c.is_control());
+    if valid {
+        readable
+    } else {
+        format!("envoy.{:016x}", fnv1a(readable.as_bytes()))
+    }
+}
+
+/// FNV-1a, 64 bits: stable across builds, so counters survive restarts and reloads.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: remote_address
+    rate_limit:
+      unit: 5 minutes
+      requests_per_unit: 10
+      algorithm: gcra
+      burst: 20
+  - key: path
+    value: "/foo*"
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: { unlimited: true }
+"#;
+
+    fn config() -> EnvoyConfig {
+        parse([(Path::new("a.yaml"), EXAMPLE)]).unwrap()
+    }
+
+    #[test]
+    fn matches_like_envoyproxy_ratelimit() {
+        let c = config();
+        let limit = |entries: &[(&str, &str)]| match c.limit_for("mongo_cps", entries) {
+            Some(Limit::Limited(l)) => Some(l.policy.clone()),
+            Some(Limit::Unlimited) => Some("unlimited".into()),
+            _ => None,
+        };
+        assert_eq!(
+            limit(&[("database", "users")]).as_deref(),
+            Some("envoy.mongo_cps.database=users")
+        );
+        assert_eq!(limit(&[("database", "other")]), None);
+        assert_eq!(
+            limit(&[("remote_address", "10.0.0.1")]).as_deref(),
+            Some("envoy.mongo_cps.remote_address")
+        );
+        assert!(limit(&[("path", "/foo/bar")]).is_some());
+        assert_eq!(limit(&[("path", "/bar")]), None);
+        assert_eq!(limit(&[("key1", "value1")]), None);
+        assert_eq!(
+            limit(&[("key1", "value1"), ("subkey1", "x")]).as_deref(),
+            Some("unlimited")
+        );
+        assert_eq!(c.policies.len(), 4);
+    }
+
+    #[test]
+    fn units_take_multipliers() {
+        assert_eq!(parse_unit("5 minutes").unwrap().duration().as_secs(), 300);
+        assert_eq!(parse_unit("HOUR").unwrap().duration().as_secs(), 3600);
+        assert!(parse_unit("fortnight").is_err());
+    }
+
+    #[test]
+    fn rejects_bad_files_naming_the_descriptor() {
+        let bad = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: parsec, requests_per_unit: 1 }\n";
+        let e = parse([(Path::new("bad.yaml"), bad)]).unwrap_err();
+        assert!(e.to_string().contains("bad.yaml: descriptor `k`"), "{e}");
+        let unknown = "domain: d\ndescriptors:\n  - key: k\n    rate_limt: {}\n";
+        assert!(parse([(Path::new("u.yaml"), unknown)]).is_err());
+    }
+}

@@ -1,0 +1,162 @@
+//! envoyproxy/ratelimit's `POST /json`: a `RateLimitRequest` as JSON (protobuf JSON names,
+//! camelCase or snake_case), answered with a `RateLimitResponse` as JSON; 429 when over limit.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sluice_limiter::Store;
+
+use super::decide::{Code, EnvoyDescriptor, EnvoyError, EnvoyRequest, unit};
+use crate::service::Service;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hitsAddend")]
+    hits_addend: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonLimit>,
+    #[serde(default, alias = "hitsAddend")]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLimit {
+    #[serde(alias = "requestsPerUnit")]
+    requests_per_unit: u32,
+    unit: Value,
+}
+
+const UNIT_NAMES: [(&str, i32); 8] = [
+    ("UNKNOWN", unit::UNKNOWN),
+    ("SECOND", unit::SECOND),
+    ("MINUTE", unit::MINUTE),
+    ("HOUR", unit::HOUR),
+    ("DAY", unit::DAY),
+    ("MONTH", unit::MONTH),
+    ("YEAR", unit::YEAR),
+    ("WEEK", unit::WEEK),
+];
+
+fn unit_number(v: &Value) -> Option<i32> {
+    match v {
+        Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()),
+        Value::String(s) => UNIT_NAMES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(s))
+            .map(|(_, n)| *n),
+        _ => None,
+    }
+}
+
+fn unit_name(n: i32) -> &'static str {
+    UNIT_NAMES
+        .iter()
+        .find(|(_, u)| *u == n)
+        .map_or("UNKNOWN", |(name, _)| name)
+}
+
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+/// `POST /json`.
+pub async fn handler<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+    let raw: JsonRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+    };
+    let mut descriptors = Vec::with_capacity(raw.descriptors.len());
+    for d in raw.descriptors {
+        let limit = match d.limit {
+            Some(l) => match unit_number(&l.unit) {
+                Some(u) => Some((l.requests_per_unit, u)),
+                None => return error(StatusCode::BAD_REQUEST, "unknown limit unit".into()),
+            },
+            None => None,
+        };
+        descriptors.push(EnvoyDescriptor {
+            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            limit,
+            hits_addend: d.hits_addend,
+        });
+    }
+    let request = EnvoyRequest {
+        domain: raw.domain,
+        descriptors,
+        hits_addend: raw.hits_addend,
+    };
+    let response = match service.should_rate_limit(&request).await {
+        Ok(r) => r,
+        Err(EnvoyError::Invalid(m)) => return error(StatusCode::BAD_REQUEST, m),
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let statuses: Vec<Value> = response
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut v = json!({
+                "code": code_name(s.code),
+                "limitRemaining": s.limit_remaining,
+            });
+            if let Some(l) = &s.current_limit {
+                v["currentLimit"] = json!({
+                    "name": l.name,
+                    "requestsPerUnit": l.requests_per_unit,
+                    "unit": unit_name(l.unit),
+                });
+            }
+            if let Some(d) = s.duration_until_reset {
+                v["durationUntilReset"] = json!(format!("{}s", d.as_secs()));
+            }
+            v
+        })
+        .collect();
+    let mut body = json!({
+        "overallCode": code_name(response.overall_code),
+        "statuses": statuses,
+    });
+    if !response.headers.is_empty() {
+        body["responseHeadersToAdd"] = response
+            .headers
+            .iter()
+            .map(|(k, v)| json!({ "key": k, "value": v }))
+            .collect();
+    }
+    let status = match response.overall_code {
+        Code::Ok => StatusCode::OK,
+        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+    };
+    (status, axum::Json(body)).into_response()
+}

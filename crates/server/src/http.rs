@@ -1,0 +1,49 @@
+//! HTTP routes the service adds beside the policy API: envoyproxy/ratelimit's `POST /json`,
+//! Prometheus `GET /metrics`, liveness `GET /live` and readiness `GET /ready` (503 until
+//! every listener is bound and the config is loaded, and again while shutting down).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use sluice_limiter::Store;
+
+use crate::service::Service;
+
+/// Largest `/json` body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// The routes over `service`, to merge into the main router.
+pub fn router<S: Store + 'static>(service: Arc<Service<S>>) -> Router {
+    Router::new()
+        .route("/json", post(crate::envoy::json::handler::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .route("/live", get(|| async { "ok\n" }))
+        .route("/ready", get(ready::<S>))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(service)
+}
+
+async fn metrics<S: Store>(State(service): State<Arc<Service<S>>>) -> Response {
+    let extra = service.store_metrics();
+    let body = service.metrics.render(service.limiter_stats(), &extra);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn ready<S: Store>(State(service): State<Arc<Service<S>>>) -> Response {
+    if service.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}

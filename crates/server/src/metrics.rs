@@ -1,0 +1,184 @@
+//! Prometheus metrics, written by hand in the text format: decisions by policy and result,
+//! shadow-mode would-be denials, decision latency, store errors, near-cache hits, reloads,
+//! and whatever the store reports (identifiers held, evictions).
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use sluice_limiter::{Checked, Error, LimiterStats};
+
+/// Upper bounds (seconds) of the latency histogram's buckets.
+const BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
+
+#[derive(Default)]
+struct PolicyCounts {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    shadow_denied: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The service's counters. Cheap on the hot path: one read lock and atomic adds.
+#[derive(Default)]
+pub struct Metrics {
+    policies: RwLock<HashMap<String, PolicyCounts>>,
+    buckets: [AtomicU64; BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_nanos: AtomicU64,
+    pub reloads_ok: AtomicU64,
+    pub reloads_failed: AtomicU64,
+}
+
+/// Most policies tracked by name; the rest are summed under `policy="other"` so on-the-fly
+/// policies cannot grow the metrics without bound.
+const MAX_TRACKED: usize = 10_000;
+
+impl Metrics {
+    /// Counts one decision (or failure to decide) of `policy` that took `elapsed`.
+    pub fn observe(&self, policy: &str, result: &Result<Checked, Error>, elapsed: Duration) {
+        let bump = |counts: &PolicyCounts| {
+            let counter = match result {
+                Ok(c) if c.shadow_denied => &counts.shadow_denied,
+                Ok(c) if c.decision.allowed => &counts.allowed,
+                Ok(_) => &counts.denied,
+                Err(_) => &counts.errors,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        };
+        let known = {
+            let map = self.policies.read();
+            match map.get(policy) {
+                Some(counts) => {
+                    bump(counts);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !known {
+            let mut map = self.policies.write();
+            let name = if map.len() >= MAX_TRACKED && !map.contains_key(policy) {
+                "other"
+            } else {
+                policy
+            };
+            bump(map.entry(name.to_owned()).or_default());
+        }
+        let secs = elapsed.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The text exposition; `extra` appends store-specific lines.
+    pub fn render(&self, stats: LimiterStats, extra: &str) -> String {
+        let mut out = String::with_capacity(4096);
+        out.push_str("# HELP sluice_decisions_total Decisions by policy and result.\n");
+        out.push_str("# TYPE sluice_decisions_total counter\n");
+        let map = self.policies.read();
+        let mut names: Vec<&String> = map.keys().collect();
+        names.sort();
+        for name in &names {
+            let c = &map[*name];
+            let label = escape(name);
+            for (result, counter) in [
+                ("allowed", &c.allowed),
+                ("denied", &c.denied),
+                ("shadow_denied", &c.shadow_denied),
+                ("error", &c.errors),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "sluice_decisions_total{{policy=\"{label}\",result=\"{result}\"}} {}",
+                    counter.load(Ordering::Relaxed)
+                );
+            }
+        }
+        out.push_str(
+            "# HELP sluice_shadow_denied_total Hits a shadow-mode policy would have denied.\n",
+        );
+        out.push_str("# TYPE sluice_shadow_denied_total counter\n");
+        for name in &names {
+            let _ = writeln!(
+                out,
+                "sluice_shadow_denied_total{{policy=\"{}\"}} {}",
+                escape(name),
+                map[*name].shadow_denied.load(Ordering::Relaxed)
+            );
+        }
+        drop(map);
+        out.push_str("# HELP sluice_decision_seconds Time to decide, store round trip included.\n");
+        out.push_str("# TYPE sluice_decision_seconds histogram\n");
+        let mut cumulative = 0;
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "sluice_decision_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "sluice_decision_seconds_sum {}",
+            self.latency_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "sluice_decision_seconds_count {count}");
+        for (name, help, value) in [
+            (
+                "sluice_store_errors_total",
+                "Store calls that failed.",
+                stats.store_errors,
+            ),
+            (
+                "sluice_near_cache_hits_total",
+                "Denials answered by the near cache without the store.",
+                stats.near_cache_hits,
+            ),
+            (
+                "sluice_failed_open_total",
+                "Hits admitted because the store failed.",
+                stats.failed_open,
+            ),
+            (
+                "sluice_failed_closed_total",
+                "Hits denied because the store failed.",
+                stats.failed_closed,
+            ),
+            (
+                "sluice_failed_local_total",
+                "Hits decided in process because the store failed.",
+                stats.failed_local,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_config_reloads_total Config reloads by result.\n# TYPE sluice_config_reloads_total counter\nsluice_config_reloads_total{{result=\"ok\"}} {}\nsluice_config_reloads_total{{result=\"failed\"}} {}",
+            self.reloads_ok.load(Ordering::Relaxed),
+            self.reloads_failed.load(Ordering::Relaxed)
+        );
+        out.push_str(extra);
+        out
+    }
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

@@ -1,0 +1,112 @@
+//! The Redis protocol listener (`--resp-listen`): redis-cell's `CL.THROTTLE`, sluice's
+//! `SLUICE.CHECK`, and the handful of commands clients send on connecting (see [`command`]).
+//! Pipelined commands are answered in order with one write per batch. Unknown commands get
+//! an error reply; only a stream that cannot be parsed further is closed (after a reply
+//! saying why). Idle and half-sent commands time out, so slow clients cannot hold sockets.
+
+pub mod command;
+pub mod frame;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_limiter::Store;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::service::Service;
+use command::After;
+use frame::Parsed;
+
+/// A connection with nothing to say for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A command begun must be complete within this time (slowloris).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections served at once; more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 10_000;
+
+/// Serves the Redis protocol on `listener` until `shutdown` completes.
+pub async fn serve<S: Store + 'static>(
+    listener: TcpListener,
+    service: Arc<Service<S>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => return,
+            p = permits.clone().acquire_owned() => p.expect("never closed"),
+        };
+        let accepted = tokio::select! {
+            () = &mut shutdown => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let _ = stream.set_nodelay(true);
+                    connection(stream, &service).await;
+                    drop(permit);
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "resp accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn connection<S: Store>(mut stream: TcpStream, service: &Service<S>) {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = vec![0u8; 16 * 1024];
+    // When the command now in `buf` began: it must complete within COMMAND_TIMEOUT.
+    let mut begun: Option<tokio::time::Instant> = None;
+    loop {
+        // Answer every complete command already read, then write once.
+        let mut consumed = 0;
+        let mut close = false;
+        loop {
+            match frame::parse(&buf[consumed..]) {
+                Parsed::Command(args, used) => {
+                    consumed += used;
+                    if command::run(service, &args, &mut out).await == After::Close {
+                        close = true;
+                        break;
+                    }
+                }
+                Parsed::Incomplete => break,
+                Parsed::Invalid(message) => {
+                    out.extend_from_slice(format!("-ERR {message}\r\n").as_bytes());
+                    close = true;
+                    break;
+                }
+            }
+        }
+        buf.drain(..consumed);
+        if !out.is_empty() {
+            if stream.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if close {
+            let _ = stream.shutdown().await;
+            return;
+        }
+        let deadline = if buf.is_empty() {
+            begun = None;
+            tokio::time::Instant::now() + IDLE_TIMEOUT
+        } else {
+            *begun.get_or_insert_with(tokio::time::Instant::now) + COMMAND_TIMEOUT
+        };
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
