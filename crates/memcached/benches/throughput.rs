@@ -1,1 +1,136 @@
-fn main() {}
+//! Decisions per second through the memcached store (GCRA and the sliding window counter),
+//! beside the Redis store (GCRA) on the same machine in the same run: 50 concurrent
+//! callers, on 1 key and on 1,000,000 keys. Run:
+//! `cargo bench -p sluice-memcached --bench throughput`.
+//!
+//! Every store gets the same runtime (2 worker threads) and the same callers; rounds
+//! alternate between the stores and the medians are reported, since the machine is shared.
+//! The quota admits 10^6 hits per second per key, so every hit takes the write path.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
+use sluice_limiter::{Hit, Store};
+use sluice_memcached::MemcachedStore;
+use sluice_memcached::testing::MemcachedServer;
+use sluice_redis::RedisStore;
+use sluice_redis::testing::RedisServer;
+
+const CALLERS: usize = 50;
+const ROUND: Duration = Duration::from_secs(2);
+const ROUNDS: usize = 3;
+const KEYS_MANY: usize = 1_000_000;
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+/// One round: decisions per second with `CALLERS` tasks over `keys` keys.
+async fn round<S: Store + Clone>(store: &S, quota: Quota, keys: Arc<Vec<[String; 1]>>) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for caller in 0..CALLERS {
+        let (store, keys, stop, done, admitted) = (
+            store.clone(),
+            keys.clone(),
+            stop.clone(),
+            done.clone(),
+            admitted.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let shape = Shape::Leaf(0);
+            let quotas = [quota];
+            // Each caller walks the keys from its own offset, with a stride that visits all.
+            let mut i = caller * (keys.len() / CALLERS).max(1);
+            while !stop.load(Ordering::Relaxed) {
+                let hit = Hit {
+                    identifiers: &keys[i % keys.len()],
+                    evaluation: Evaluation {
+                        shape: &shape,
+                        quotas: &quotas,
+                        cost: 1,
+                        recording: Recording::Admitted,
+                        penalty: None,
+                    },
+                    penalty_identifier: None,
+                };
+                let decision = store.decide(&hit).await.expect("a decision");
+                admitted.fetch_add(u64::from(decision.allowed), Ordering::Relaxed);
+                done.fetch_add(1, Ordering::Relaxed);
+                i = i.wrapping_add(7919);
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(ROUND).await;
+    stop.store(true, Ordering::Relaxed);
+    let total = done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(
+        admitted.load(Ordering::Relaxed) * 10 >= total * 9,
+        "the quota admits nearly all"
+    );
+    total as f64 / elapsed
+}
+
+fn main() {
+    // Room for a million identifiers (and their sub-window counters) without evictions.
+    let memcached = MemcachedServer::start_with(&["-m", "2048", "-t", "4"]).expect("memcached");
+    let redis = RedisServer::start().expect("redis-server");
+    let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
+    let gcra = Quota::from_leaf(&Leaf::new(rate), Algorithm::Gcra).unwrap();
+    let window = Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let timeout = Duration::from_secs(5);
+    let on_memcached = runtime
+        .block_on(
+            MemcachedStore::builder(&memcached.url())
+                .timeout(timeout)
+                .connect(),
+        )
+        .expect("connect to memcached");
+    let on_redis = runtime
+        .block_on(RedisStore::builder(&redis.url()).timeout(timeout).connect())
+        .expect("connect to redis");
+    for (name, count) in [("keys_1", 1), ("keys_1000000", KEYS_MANY)] {
+        let keys = |algorithm: &str| -> Arc<Vec<[String; 1]>> {
+            Arc::new(
+                (0..count)
+                    .map(|i| [format!("bench:{name}:{algorithm}:{{user-{i}}}:1000000/s")])
+                    .collect(),
+            )
+        };
+        let (gcra_keys, window_keys) = (keys("gcra"), keys("window"));
+        let (mut mc_gcra, mut mc_window, mut rd_gcra) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            mc_gcra.push(runtime.block_on(round(&on_memcached, gcra, gcra_keys.clone())));
+            mc_window.push(runtime.block_on(round(&on_memcached, window, window_keys.clone())));
+            rd_gcra.push(runtime.block_on(round(&on_redis, gcra, gcra_keys.clone())));
+        }
+        println!(
+            "scenario={name}_callers_{CALLERS} memcached_gcra_per_s={:.0} \
+             memcached_sliding_window_per_s={:.0} redis_gcra_per_s={:.0}",
+            median(mc_gcra),
+            median(mc_window),
+            median(rd_gcra)
+        );
+    }
+    let stats = on_memcached.stats();
+    println!(
+        "memcached_store_stats evictions={} contention_retries={} contention_exhausted={}",
+        stats.evictions, stats.contention_retries, stats.contention_exhausted
+    );
+}
