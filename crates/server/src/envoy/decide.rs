@@ -259,7 +259,14 @@ impl<S: Store> Service<S> {
                 Resolved::Config(Limit::Limited(l)) => {
                     let value = descriptor_value("", &d.entries);
                     let checked = self.check(&l.policy, &[(SELECTOR, &value)], cost).await;
-                    status_of(l, checked)?
+                    match checked {
+                        // A reload removed this leaf's policy since the tree was read: decide
+                        // on the new tree rather than fail the request.
+                        Err(sluice_limiter::Error::UnknownPolicy(_)) => {
+                            self.recheck(&request.domain, d, &value, cost).await?
+                        }
+                        checked => status_of(l, checked)?,
+                    }
                 }
                 Resolved::Override(l) => {
                     let value = descriptor_value(&request.domain, &d.entries);
@@ -287,6 +294,31 @@ impl<S: Store> Service<S> {
             statuses,
             headers,
         })
+    }
+}
+
+impl<S: Store> Service<S> {
+    async fn recheck(
+        &self,
+        domain: &str,
+        d: &EnvoyDescriptor,
+        value: &str,
+        cost: u64,
+    ) -> Result<DescriptorStatus, EnvoyError> {
+        let config = self.envoy();
+        let entries: Vec<(&str, &str)> = d
+            .entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match config.limit_for(domain, &entries) {
+            Some(Limit::Limited(l)) => {
+                let checked = self.check(&l.policy, &[(SELECTOR, value)], cost).await;
+                status_of(l, checked)
+            }
+            Some(Limit::Unlimited) => Ok(ok_without_limit(u32::MAX)),
+            _ => Ok(ok_without_limit(0)),
+        }
     }
 }
 
