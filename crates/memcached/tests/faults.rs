@@ -1,0 +1,277 @@
+//! Faults on real servers: memcached killed mid-load, one server of a pool of three killed,
+//! contention beyond the retries, and identifiers memcached cannot take as keys.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
+use sluice_limiter::{Checked, Denial, FailureMode, Hit, Limiter, Policy, Store, StoreError};
+use sluice_memcached::MemcachedStore;
+use sluice_memcached::key::Keys;
+use sluice_memcached::testing::MemcachedServer;
+use tokio::task::JoinSet;
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+
+async fn store(url: &str) -> MemcachedStore {
+    MemcachedStore::builder(url)
+        .timeout(TIMEOUT)
+        .down_for(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Runs `per_task` checks of `policy` for `user` on each of `tasks` tasks, and returns every
+/// answer with how long it took.
+async fn load(
+    limiter: &Arc<Limiter<MemcachedStore>>,
+    policy: &'static str,
+    user: &'static str,
+    tasks: usize,
+    per_task: usize,
+) -> Vec<(Checked, Duration)> {
+    let mut set = JoinSet::new();
+    for _ in 0..tasks {
+        let limiter = limiter.clone();
+        set.spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..per_task {
+                let started = Instant::now();
+                let checked = limiter
+                    .check(policy, &[("user", user)], 1)
+                    .await
+                    .expect("a decision");
+                answers.push((checked, started.elapsed()));
+            }
+            answers
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(answers) = set.join_next().await {
+        all.extend(answers.expect("no panic"));
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_memcached_follows_the_failure_mode_then_recovers() {
+    let mut memcached = MemcachedServer::start().expect("memcached");
+    let policies = vec![
+        Policy::new("open", "user:1000/h algorithm=sliding-window")
+            .unwrap()
+            .failure(FailureMode::Open),
+        Policy::new("closed", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::Closed),
+        Policy::new("local", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::local(0.01).unwrap()),
+    ];
+    let limiter = Arc::new(
+        Limiter::builder(store(&memcached.url()).await)
+            .policies(policies)
+            .build()
+            .unwrap(),
+    );
+    assert!(
+        load(&limiter, "open", "a", 8, 10)
+            .await
+            .iter()
+            .all(|(c, _)| c.without_store.is_none())
+    );
+
+    memcached.kill();
+    for (policy, check) in [
+        (
+            "open",
+            (|c: &Checked| c.decision.allowed) as fn(&Checked) -> bool,
+        ),
+        ("closed", |c: &Checked| {
+            c.decision.denial == Some(Denial::StoreUnavailable)
+        }),
+        ("local", |c: &Checked| c.without_store.is_some()),
+    ] {
+        for (checked, took) in &load(&limiter, policy, "a", 8, 10).await {
+            assert!(checked.without_store.is_some(), "{policy}: {checked:?}");
+            assert!(check(checked), "{policy}: {checked:?}");
+            // No hang: at most the store timeout (plus scheduling) per decision.
+            assert!(
+                *took < TIMEOUT + Duration::from_millis(800),
+                "{policy} took {took:?}"
+            );
+        }
+    }
+    // Local with 1% of 1000/h: 10 admitted for user `b` while memcached is away.
+    let local_admitted = load(&limiter, "local", "b", 4, 10)
+        .await
+        .iter()
+        .filter(|(c, _)| c.decision.allowed)
+        .count();
+    assert_eq!(local_admitted, 10);
+    assert!(limiter.store().stats().servers_marked_down >= 1);
+
+    memcached.restart().expect("restart memcached");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let checked = limiter.check("closed", &[("user", "c")], 1).await.unwrap();
+        if checked.without_store.is_none() {
+            assert!(checked.decision.allowed);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "decisions did not return to memcached"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await; // waiting on a real restart
+    }
+}
+
+fn quota(algorithm: Algorithm) -> Quota {
+    let rate = Rate::new(100, Span::new(1, Unit::Hour).unwrap()).unwrap();
+    Quota::from_leaf(&Leaf::new(rate), algorithm).unwrap()
+}
+
+/// One hit of `cost` on `identifier` (one leaf of `quota`); `peek` records nothing.
+async fn hit(
+    store: &MemcachedStore,
+    identifier: &str,
+    quota: Quota,
+    cost: u64,
+    peek: bool,
+) -> Result<sluice_core::Decision, StoreError> {
+    let identifiers = [identifier.to_owned()];
+    let shape = Shape::Leaf(0);
+    let quotas = [quota];
+    let hit = Hit {
+        identifiers: &identifiers,
+        evaluation: Evaluation {
+            shape: &shape,
+            quotas: &quotas,
+            cost,
+            recording: if peek {
+                Recording::Never
+            } else {
+                Recording::Admitted
+            },
+            penalty: None,
+        },
+        penalty_identifier: None,
+    };
+    store.decide(&hit).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_of_three_loses_only_the_dead_servers_keys() {
+    let mut pool = MemcachedServer::start_many(3).expect("memcached");
+    let store = store(&MemcachedServer::pool_url(&pool)).await;
+    let ids: Vec<(String, Algorithm)> = (0..300)
+        .flat_map(|i| {
+            [Algorithm::SlidingWindow, Algorithm::Gcra]
+                .map(|a| (format!("pool:k:user:u{i}:100/h~{a}"), a))
+        })
+        .collect();
+    let owners: Vec<String> = ids
+        .iter()
+        .map(|(id, _)| store.server_of(id).expect("a server").to_owned())
+        .collect();
+    for address in pool.iter().map(MemcachedServer::address) {
+        let held = owners.iter().filter(|o| **o == address).count();
+        assert!((100..300).contains(&held), "{address} holds {held} of 600");
+    }
+    for (id, algorithm) in &ids {
+        let d = hit(&store, id, quota(*algorithm), 3, false).await.unwrap();
+        assert_eq!(d.remaining, 97, "{id}");
+    }
+
+    let dead = pool[1].address();
+    pool[1].kill();
+    let mut moved = 0;
+    for ((id, algorithm), owner) in ids.iter().zip(&owners) {
+        // Until the store has seen the server fail, a call to it fails (transiently).
+        let mut answer = hit(&store, id, quota(*algorithm), 0, true).await;
+        if answer.is_err() {
+            answer = hit(&store, id, quota(*algorithm), 0, true).await;
+        }
+        let d = answer.unwrap_or_else(|e| panic!("{id}: {e}"));
+        if *owner == dead {
+            assert_eq!(d.remaining, 100, "{id} restarts on another server");
+            assert_ne!(store.server_of(id), Some(dead.as_str()));
+            moved += 1;
+        } else {
+            assert_eq!(d.remaining, 97, "{id} kept its count");
+            assert_eq!(store.server_of(id), Some(owner.as_str()), "{id} moved");
+        }
+    }
+    assert!(moved >= 100, "only {moved} keys were on the dead server");
+    let stats = store.stats();
+    assert!(stats.servers_marked_down >= 1, "{stats:?}");
+    assert!(stats.rerouted >= moved as u64, "{stats:?}");
+    let answered = store.server_stats().await;
+    assert_eq!(answered.iter().filter(|s| s.is_ok()).count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_beyond_the_retries_is_an_honest_transient_error() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    // Separate stores do not combine their updates, so they race on the key; one try each.
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        let store = MemcachedStore::builder(&memcached.url())
+            .cas_tries(1)
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap();
+        stores.push(store);
+    }
+    let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
+    let gcra = Quota::from_leaf(&Leaf::new(rate), Algorithm::Gcra).unwrap();
+    let mut set = JoinSet::new();
+    for task in 0..32 {
+        let store = stores[task % stores.len()].clone();
+        set.spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..20 {
+                if let Err(e) = hit(&store, "contended:k:*:x:1000000/s", gcra, 1, false).await {
+                    errors.push(e);
+                }
+            }
+            errors
+        });
+    }
+    let mut errors = Vec::new();
+    while let Some(found) = set.join_next().await {
+        errors.extend(found.unwrap());
+    }
+    assert!(!errors.is_empty(), "no contention in 640 racing updates");
+    for error in &errors {
+        assert!(error.is_transient(), "{error}");
+        assert!(error.to_string().contains("contention"), "{error}");
+    }
+    let exhausted: u64 = stores.iter().map(|s| s.stats().contention_exhausted).sum();
+    assert!(exhausted >= errors.len() as u64 / 64, "{exhausted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identifiers_memcached_cannot_take_are_hashed() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    let store = store(&memcached.url()).await;
+    let long = format!("ns:k:user:{}:100/h", "x".repeat(400));
+    for id in [
+        long.as_str(),
+        "ns:k:user:a b\r\nc:100/h",
+        "ns:k:user:ünï:100/h",
+    ] {
+        for algorithm in [Algorithm::Gcra, Algorithm::SlidingWindow] {
+            let d = hit(&store, id, quota(algorithm), 1, false).await.unwrap();
+            assert_eq!(d.remaining, 99, "{id:?} {algorithm}");
+            let d = hit(&store, id, quota(algorithm), 1, false).await.unwrap();
+            assert_eq!(d.remaining, 98, "{id:?} {algorithm}: kept its count");
+        }
+        let keys = Keys::new(id);
+        assert!(keys.route().starts_with('#') && keys.route().len() == 65);
+        let found = memcached.raw(&format!("get {}", keys.state())).unwrap();
+        assert!(found.starts_with("VALUE "), "{found}");
+    }
+}
