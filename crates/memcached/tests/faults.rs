@@ -275,3 +275,42 @@ async fn identifiers_memcached_cannot_take_are_hashed() {
         assert!(found.starts_with("VALUE "), "{found}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn evicted_counters_let_clients_through_and_are_counted() {
+    // A memcached of 2 MB: counters of early identifiers are evicted as later ones arrive.
+    let memcached = MemcachedServer::start_with(&["-m", "2"]).expect("memcached");
+    let store = store(&memcached.url()).await;
+    let rate = Rate::new(5, Span::new(1, Unit::Hour).unwrap()).unwrap();
+    let five = Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap();
+    // Same-sized keys and values share a slab class, where evictions happen.
+    let first = "evict:k:user:u9999999:5/h";
+    for _ in 0..5 {
+        assert!(hit(&store, first, five, 1, false).await.unwrap().allowed);
+    }
+    assert!(!hit(&store, first, five, 1, false).await.unwrap().allowed);
+    let mut set = JoinSet::new();
+    for task in 0..16 {
+        let store = store.clone();
+        set.spawn(async move {
+            for i in 0..2_000 {
+                let id = format!("evict:k:user:u{:07}:5/h", task * 2_000 + i);
+                hit(&store, &id, five, 1, false).await.unwrap();
+            }
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.unwrap();
+    }
+    let evictions: u64 = store
+        .server_stats()
+        .await
+        .into_iter()
+        .map(|s| s.unwrap().evictions)
+        .sum();
+    assert!(evictions > 0, "memcached evicted nothing");
+    // The first client's counter was evicted: it passes again (slightly over its limit),
+    // it is not blocked.
+    let d = hit(&store, first, five, 1, false).await.unwrap();
+    assert!(d.allowed, "{d:?}");
+}
