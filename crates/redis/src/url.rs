@@ -31,11 +31,21 @@ pub fn parse_url(url: &str) -> Result<Parsed, RedisError> {
             _ => rest.push(pair),
         }
     }
-    let url = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
     if tls_ca.is_some() && !url.starts_with("rediss") {
-        return Err(RedisError::Url(format!("`{}`: tls_ca needs rediss://", redact(&url))));
+        return Err(RedisError::Url(format!(
+            "`{}`: tls_ca needs rediss://",
+            redact(&url)
+        )));
     }
-    Ok(Parsed { target: parse(&url)?, tls_ca })
+    Ok(Parsed {
+        target: parse(&url)?,
+        tls_ca,
+    })
 }
 
 /// Reads a store URL.
@@ -109,8 +119,14 @@ mod tests {
         assert!(parse("http://a:1").is_err());
         assert!(parse("redis://").is_err());
         let parsed = parse_url("rediss://h:1/0?tls_ca=/tmp/ca.pem&protocol=resp3").unwrap();
-        assert_eq!(parsed.tls_ca.as_deref(), Some(std::path::Path::new("/tmp/ca.pem")));
-        assert_eq!(parsed.target, Target::Standalone("rediss://h:1/0?protocol=resp3".into()));
+        assert_eq!(
+            parsed.tls_ca.as_deref(),
+            Some(std::path::Path::new("/tmp/ca.pem"))
+        );
+        assert_eq!(
+            parsed.target,
+            Target::Standalone("rediss://h:1/0?protocol=resp3".into())
+        );
         assert!(parse_url("redis://h:1?tls_ca=/x").is_err());
         let error = parse("ftp://user:secret@host").unwrap_err().to_string();
         assert!(!error.contains("secret"), "{error}");

@@ -396,7 +396,9 @@ impl MemoryStoreBuilder {
         let shards = 1usize << (usize::BITS - 1 - wanted.leading_zeros());
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Shard(RwLock::new(Table::default()))).collect(),
+                shards: (0..shards)
+                    .map(|_| Shard(RwLock::new(Table::default())))
+                    .collect(),
                 shard_cap: self.max_identifiers / shards,
                 hasher: foldhash::fast::RandomState::default(),
                 clock: self.clock,
