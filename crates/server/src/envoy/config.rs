@@ -118,7 +118,8 @@ pub struct Node {
 /// The children of a node, by how they match an entry.
 #[derive(Debug, Default)]
 pub struct Level {
-    exact: HashMap<(String, String), Node>,
+    /// key -> value -> node, so lookups borrow the request's strings.
+    exact: HashMap<String, HashMap<String, Node>>,
     /// `(key, value prefix)` for values written `prefix*`, in file order.
     wildcard: Vec<(String, String, Node)>,
     any: HashMap<String, Node>,
@@ -128,8 +129,7 @@ impl Level {
     /// The child matching `key`/`value`: exact value first, then wildcards, then key only
     /// (the order envoyproxy/ratelimit uses).
     pub fn find(&self, key: &str, value: &str) -> Option<&Node> {
-        // Borrowed lookup without allocating would need a custom key; entries are short.
-        if let Some(node) = self.exact.get(&(key.to_owned(), value.to_owned())) {
+        if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
             return Some(node);
         }
         if let Some((_, _, node)) = self
@@ -275,7 +275,12 @@ fn build_level(
                 level.wildcard.push((key, prefix, node));
                 dup
             }
-            Some(v) => level.exact.insert((key, v.clone()), node).is_some(),
+            Some(v) => level
+                .exact
+                .entry(key)
+                .or_default()
+                .insert(v.clone(), node)
+                .is_some(),
             None => level.any.insert(key, node).is_some(),
         };
         if duplicate {

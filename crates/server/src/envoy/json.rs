@@ -7,12 +7,46 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sluice_limiter::Store;
 
 use super::decide::{Code, EnvoyDescriptor, EnvoyError, EnvoyRequest, unit};
 use crate::service::Service;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse<'a> {
+    overall_code: &'static str,
+    statuses: Vec<JsonStatus<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<JsonHeader<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus<'a> {
+    code: &'static str,
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimitOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimitOut<'a> {
+    name: &'a str,
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+struct JsonHeader<'a> {
+    key: &'a str,
+    value: &'a str,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,38 +156,28 @@ pub async fn handler<S: Store>(State(service): State<Arc<Service<S>>>, body: Byt
         Err(EnvoyError::Invalid(m)) => return error(StatusCode::BAD_REQUEST, m),
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
-    let statuses: Vec<Value> = response
-        .statuses
-        .iter()
-        .map(|s| {
-            let mut v = json!({
-                "code": code_name(s.code),
-                "limitRemaining": s.limit_remaining,
-            });
-            if let Some(l) = &s.current_limit {
-                v["currentLimit"] = json!({
-                    "name": l.name,
-                    "requestsPerUnit": l.requests_per_unit,
-                    "unit": unit_name(l.unit),
-                });
-            }
-            if let Some(d) = s.duration_until_reset {
-                v["durationUntilReset"] = json!(format!("{}s", d.as_secs()));
-            }
-            v
-        })
-        .collect();
-    let mut body = json!({
-        "overallCode": code_name(response.overall_code),
-        "statuses": statuses,
-    });
-    if !response.headers.is_empty() {
-        body["responseHeadersToAdd"] = response
+    let body = JsonResponse {
+        overall_code: code_name(response.overall_code),
+        statuses: response
+            .statuses
+            .iter()
+            .map(|s| JsonStatus {
+                code: code_name(s.code),
+                limit_remaining: s.limit_remaining,
+                current_limit: s.current_limit.as_ref().map(|l| JsonLimitOut {
+                    name: &l.name,
+                    requests_per_unit: l.requests_per_unit,
+                    unit: unit_name(l.unit),
+                }),
+                duration_until_reset: s.duration_until_reset.map(|d| format!("{}s", d.as_secs())),
+            })
+            .collect(),
+        response_headers_to_add: response
             .headers
             .iter()
-            .map(|(k, v)| json!({ "key": k, "value": v }))
-            .collect();
-    }
+            .map(|(key, value)| JsonHeader { key, value })
+            .collect(),
+    };
     let status = match response.overall_code {
         Code::Ok => StatusCode::OK,
         Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,

@@ -76,10 +76,17 @@ fn decision_reply(out: &mut Vec<u8>, checked: &Checked) {
     );
 }
 
-/// The on-the-fly policy of `CL.THROTTLE` parameters.
-fn cell_policy(name: String, burst: u64, count: u64, period: u64) -> Result<Policy, String> {
+/// The rate of `CL.THROTTLE` parameters, or why they make none. Cheap: checked on every
+/// call, while the policy is built only when first needed.
+fn cell_rate(burst: u64, count: u64, period: u64) -> Result<Rate, String> {
     let span = Span::new(period, Unit::Second).map_err(|e| e.to_string())?;
-    let rate = Rate::new(count, span).map_err(|e| e.to_string())?;
+    if burst > sluice_core::rate::MAX_COUNT {
+        return Err(format!("max_burst above {}", sluice_core::rate::MAX_COUNT));
+    }
+    Rate::new(count, span).map_err(|e| e.to_string())
+}
+
+fn cell_policy(name: &str, burst: u64, rate: Rate) -> Policy {
     let leaf = Leaf {
         selector: Selector::new(["key"]).expect("a valid name"),
         rate,
@@ -89,9 +96,7 @@ fn cell_policy(name: String, burst: u64, count: u64, period: u64) -> Result<Poli
             windows: None,
         },
     };
-    let policy = Policy::from_rule(name, Rule::Leaf(leaf)).key("cell");
-    sluice_limiter::CompiledPolicy::compile(policy.clone()).map_err(|e| e.to_string())?;
-    Ok(policy)
+    Policy::from_rule(name, Rule::Leaf(leaf)).key("cell")
 }
 
 /// Runs `args` and appends the reply to `out`.
@@ -99,9 +104,16 @@ pub async fn run<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Vec
     let Some(name) = args.first() else {
         return After::Continue; // an empty inline line: Redis ignores it too
     };
-    let name = String::from_utf8_lossy(name).to_ascii_uppercase();
+    let mut upper = [0u8; 16];
+    let name: &str = if name.len() <= upper.len() {
+        upper[..name.len()].copy_from_slice(name);
+        upper[..name.len()].make_ascii_uppercase();
+        std::str::from_utf8(&upper[..name.len()]).unwrap_or("")
+    } else {
+        "" // longer than any command here
+    };
     let rest = &args[1..];
-    match name.as_str() {
+    match name {
         "PING" => match rest {
             [] => out.extend_from_slice(b"+PONG\r\n"),
             [message] => bulk(out, message),
@@ -139,7 +151,7 @@ pub async fn run<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Vec
         "CL.THROTTLE" => throttle(service, rest, out).await,
         "SLUICE.CHECK" => sluice_check(service, rest, out).await,
         _ => {
-            let shown: String = name.chars().take(64).collect();
+            let shown: String = String::from_utf8_lossy(&args[0]).chars().take(64).collect();
             error(out, &format!("ERR unknown command '{shown}'"));
         }
     }
@@ -170,13 +182,17 @@ async fn throttle<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Ve
     };
     let burst = max_burst as u64 + 1;
     let name = format!("cell.{burst}.{count}.{period}");
-    let made = cell_policy(name.clone(), burst, count as u64, period as u64);
-    let make = match &made {
-        Ok(policy) => policy.clone(),
+    let rate = match cell_rate(burst, count as u64, period as u64) {
+        Ok(rate) => rate,
         Err(message) => return error(out, &format!("ERR {message}")),
     };
     match service
-        .check_dynamic(&name, move || make, &[("key", key)], quantity as u64)
+        .check_dynamic(
+            &name,
+            || cell_policy(&name, burst, rate),
+            &[("key", key)],
+            quantity as u64,
+        )
         .await
     {
         Ok(checked) => decision_reply(out, &checked),
