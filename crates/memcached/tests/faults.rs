@@ -13,13 +13,19 @@ use tokio::task::JoinSet;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 
-async fn store(url: &str) -> MemcachedStore {
+/// A store with `timeout` per decision that skips a failed server for `down_for`.
+async fn store_with(url: &str, timeout: Duration, down_for: Duration) -> MemcachedStore {
     MemcachedStore::builder(url)
-        .timeout(TIMEOUT)
-        .down_for(Duration::from_millis(300))
+        .timeout(timeout)
+        .down_for(down_for)
         .connect()
         .await
         .expect("connect")
+}
+
+/// Long enough that a loaded machine is not mistaken for a failed server.
+async fn store(url: &str) -> MemcachedStore {
+    store_with(url, Duration::from_secs(5), Duration::from_secs(30)).await
 }
 
 /// Runs `per_task` checks of `policy` for `user` on each of `tasks` tasks, and returns every
@@ -69,7 +75,7 @@ async fn killed_memcached_follows_the_failure_mode_then_recovers() {
             .failure(FailureMode::local(0.01).unwrap()),
     ];
     let limiter = Arc::new(
-        Limiter::builder(store(&memcached.url()).await)
+        Limiter::builder(store_with(&memcached.url(), TIMEOUT, Duration::from_millis(300)).await)
             .policies(policies)
             .build()
             .unwrap(),
