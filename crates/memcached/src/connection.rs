@@ -4,9 +4,9 @@
 //! can share one socket: a writer task sends requests as they come (batching those that
 //! queue up), a reader task reads replies and hands each to the oldest waiting caller. A
 //! caller that gives up (a timeout) leaves its slot in the queue, and its reply is dropped
-//! when it arrives. A reply that breaks the protocol, or an `ERROR`/`CLIENT_ERROR` (after
-//! which the stream cannot be trusted), closes the connection: every waiting caller gets an
-//! error and the pool opens a new connection for the next call.
+//! when it arrives. A reply that breaks the protocol closes the connection, since the stream
+//! can no longer be trusted: every waiting caller gets an error and the pool opens a new
+//! connection for the next call.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -56,7 +56,9 @@ impl Shared {
     }
 
     /// Closes the connection: every waiting caller, and every later one, gets an error.
-    fn close(&self, why: &str) {
+    /// `failed`: the server failed (the pool marks it down), rather than one reply being
+    /// unreadable (the callers caught in it may simply try again).
+    fn close(&self, why: &str, failed: bool) {
         self.alive.store(false, Ordering::Release);
         let waiting = {
             let mut queue = self.queue.lock();
@@ -64,7 +66,15 @@ impl Shared {
             std::mem::take(&mut queue.waiting)
         };
         for waiting in waiting {
-            let _ = waiting.answer.send(Err(self.io(why)));
+            let error = if failed {
+                self.io(why)
+            } else {
+                MemcachedError::Server {
+                    server: self.address.clone(),
+                    message: why.to_owned(),
+                }
+            };
+            let _ = waiting.answer.send(Err(error));
         }
     }
 }
@@ -190,7 +200,7 @@ async fn write_requests(
             continue;
         }
         if let Err(e) = write.write_all(&batch).await {
-            shared.close(&format!("write failed: {e}"));
+            shared.close(&format!("write failed: {e}"), true);
             return;
         }
     }
@@ -208,14 +218,10 @@ async fn read_replies(mut read: OwnedReadHalf, shared: Arc<Shared>) {
             match parse(&buffer[start..], expect) {
                 Ok(Some((reply, used))) => {
                     start += used;
-                    let poisoned = matches!(reply, Reply::ClientError(_));
+                    // `ERROR` and `CLIENT_ERROR` are one line: the stream stays in step.
                     let waiting = shared.queue.lock().waiting.pop_front();
                     if let Some(waiting) = waiting {
                         let _ = waiting.answer.send(Ok(reply));
-                    }
-                    if poisoned {
-                        shared.close("closed after the server did not understand a command");
-                        return;
                     }
                 }
                 Ok(None) => break,
@@ -227,7 +233,7 @@ async fn read_replies(mut read: OwnedReadHalf, shared: Arc<Shared>) {
                             message: e.0,
                         }));
                     }
-                    shared.close("closed after a malformed reply");
+                    shared.close("connection closed after a malformed reply", false);
                     return;
                 }
             }
@@ -236,7 +242,7 @@ async fn read_replies(mut read: OwnedReadHalf, shared: Arc<Shared>) {
             buffer.clear();
             start = 0;
         } else if shared.queue.lock().waiting.is_empty() {
-            shared.close("the server sent a reply to no request");
+            shared.close("the server sent a reply to no request", false);
             return;
         } else if start > 64 << 10 {
             buffer.drain(..start);
@@ -244,12 +250,12 @@ async fn read_replies(mut read: OwnedReadHalf, shared: Arc<Shared>) {
         }
         match read.read_buf(&mut buffer).await {
             Ok(0) => {
-                shared.close("connection closed by the server");
+                shared.close("connection closed by the server", true);
                 return;
             }
             Ok(_) => {}
             Err(e) => {
-                shared.close(&format!("read failed: {e}"));
+                shared.close(&format!("read failed: {e}"), true);
                 return;
             }
         }
