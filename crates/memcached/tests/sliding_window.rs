@@ -1,0 +1,72 @@
+//! The native algorithm on a real memcached with a manual clock: exact under 64 concurrent
+//! tasks on two app servers, sliding sub-window by sub-window, and cleared by a reset.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_limiter::{Limiter, ManualClock, Policy};
+use sluice_memcached::MemcachedStore;
+use sluice_memcached::testing::MemcachedServer;
+use tokio::task::JoinSet;
+
+/// Admitted hits of `tasks` tasks making `per_task` checks each, over `limiters` in turn.
+async fn race(limiters: &[Arc<Limiter<MemcachedStore>>], tasks: usize, per_task: usize) -> usize {
+    let start = Arc::new(tokio::sync::Barrier::new(tasks));
+    let mut set = JoinSet::new();
+    for t in 0..tasks {
+        let (limiter, start) = (limiters[t % limiters.len()].clone(), start.clone());
+        set.spawn(async move {
+            start.wait().await;
+            let mut admitted = 0;
+            for _ in 0..per_task {
+                let checked = limiter.check("p", &[("user", "u")], 1).await.unwrap();
+                assert!(checked.without_store.is_none(), "{checked:?}");
+                admitted += usize::from(checked.decision.allowed);
+            }
+            admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(n) = set.join_next().await {
+        admitted += n.unwrap();
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exact_under_concurrency_sub_window_by_sub_window() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    // Four sub-windows of 15 s; the clock starts at the start of one.
+    let sub = Duration::from_secs(15);
+    let clock = ManualClock::new(1_700_000_100 * 1_000_000_000);
+    let policy = Policy::new("p", "user:100/m algorithm=sliding-window windows=4").unwrap();
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let store = MemcachedStore::builder(&memcached.url())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder(store).policy(policy.clone()).build();
+        limiters.push(Arc::new(limiter.unwrap()));
+    }
+
+    assert_eq!(race(&limiters, 64, 4).await, 100, "the first sub-window");
+    for step in 1..4 {
+        clock.advance(sub);
+        assert_eq!(
+            race(&limiters, 64, 2).await,
+            0,
+            "sub-window {step}: still full"
+        );
+    }
+    // The first sub-window slides out: its 100 are free again, exactly.
+    clock.advance(sub);
+    assert_eq!(race(&limiters, 64, 4).await, 100, "after the window slid");
+
+    limiters[0].reset("p", &[("user", "u")]).await.unwrap();
+    assert_eq!(race(&limiters, 64, 4).await, 100, "after a reset");
+    let stats = limiters[1].store().stats();
+    assert_eq!((stats.evictions, stats.wrapped), (0, 0), "{stats:?}");
+}
