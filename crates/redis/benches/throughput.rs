@@ -101,14 +101,12 @@ fn ceiling_round(port: u16, sha: &str, keys: usize, requests: usize) -> f64 {
     let output = command.output().expect("redis-benchmark");
     let text = String::from_utf8_lossy(&output.stdout);
     // "EVALSHA ...: 123456.78 requests per second, p50=0.191 msec"
-    let rate = text
-        .rsplit("\r")
+    text.rsplit("\r")
         .find_map(|part| {
             let (_, after) = part.split_once(": ")?;
             after.split_whitespace().next()?.parse::<f64>().ok()
         })
-        .unwrap_or_else(|| panic!("cannot read redis-benchmark output: {text}"));
-    rate
+        .unwrap_or_else(|| panic!("cannot read redis-benchmark output: {text}"))
 }
 
 fn main() {

@@ -228,11 +228,7 @@ async fn a_slot_migrating_under_load_changes_nothing() {
         let limiter = limiter.clone();
         tokio::spawn(async move { load(&limiter, "log", "hot", 8, 60).await })
     };
-    let moved = {
-        let cluster = &cluster;
-        tokio::task::block_in_place(|| migrate_slot(cluster, slot, owner, to))
-    };
-    let _ = moved;
+    tokio::task::block_in_place(|| migrate_slot(&cluster, slot, owner, to));
     let answers = loader.await.expect("no panic");
     assert!(
         answers.iter().all(|(c, _)| c.without_store.is_none()),
