@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -11,6 +12,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -59,15 +64,74 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
         .with_state(limiter)
 }
 
+/// A client must send a request's headers within this time (slowloris).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A request, body included, must be read and answered within this time.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// After shutdown begins, open requests get this long to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves `router` on `listener` until `shutdown` completes, then finishes open requests.
+/// HTTP/1.1 and HTTP/2; slow clients are cut off (see [`HEADER_TIMEOUT`],
+/// [`REQUEST_TIMEOUT`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let router = router.layer(axum::middleware::from_fn(deadline));
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_BODY + 16 * 1024);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(16 * 1024);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(DRAIN_TIMEOUT) => {
+            tracing::warn!("open connections did not finish in time");
+        }
+    }
+    Ok(())
+}
+
+/// Answers 408 when a request (a slowly sent body included) takes too long.
+async fn deadline(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => problem(StatusCode::REQUEST_TIMEOUT, "request took too long".into()),
+    }
 }
 
 async fn health() -> Json<Value> {
