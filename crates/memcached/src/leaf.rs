@@ -348,12 +348,15 @@ impl Inner {
         let expiry = exptime((number + g + 1).saturating_mul(sub), now);
         let meta = format!("{sub} {g}");
         for _ in 0..VANISH_TRIES {
-            if let Some(total) = self.pool.incr(route, &key, by, true, deadline).await? {
-                return Ok(total);
-            }
             if present {
+                if let Some(total) = self.pool.incr(route, &key, by, true, deadline).await? {
+                    return Ok(total);
+                }
+                // It was there when we read it (or another client just made it): evicted.
                 Stats::bump(&self.pool.counters.evictions);
             }
+            // A sub-window's first hit creates its counter: `add` straight away, without an
+            // `incr` bound to find nothing.
             let created = self
                 .pool
                 .add_with(
