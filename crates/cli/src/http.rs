@@ -19,7 +19,8 @@ use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use sluice_limiter::{Error, Limiter, Store};
+use sluice_limiter::{Error, Store};
+use sluice_server::Service;
 
 use crate::output::decision_json;
 
@@ -51,8 +52,8 @@ fn one() -> u64 {
     1
 }
 
-/// The router over `limiter`.
-pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
+/// The router over `service`'s configured policies (checks are counted in its metrics).
+pub fn router<S: Store + 'static>(service: Arc<Service<S>>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/check", post(check::<S>))
@@ -61,7 +62,7 @@ pub fn router<S: Store>(limiter: Arc<Limiter<S>>) -> Router {
         .route("/v1/policies", get(policies::<S>))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(limiter)
+        .with_state(service)
 }
 
 /// A client must send a request's headers within this time (slowloris).
@@ -193,7 +194,8 @@ fn error_response(error: Error) -> Response {
     problem(status, error.to_string())
 }
 
-async fn decide<S: Store>(limiter: &Limiter<S>, body: Bytes, peek: bool) -> Response {
+async fn decide<S: Store>(service: &Service<S>, body: Bytes, peek: bool) -> Response {
+    let limiter = &service.limiter;
     let request: CheckRequest = match parse(&body) {
         Ok(r) => r,
         Err(problem) => return problem.into_response(),
@@ -211,7 +213,7 @@ async fn decide<S: Store>(limiter: &Limiter<S>, body: Bytes, peek: bool) -> Resp
             .peek(&request.policy, &selectors, request.cost)
             .await
     } else {
-        limiter
+        service
             .check(&request.policy, &selectors, request.cost)
             .await
     };
@@ -224,15 +226,15 @@ async fn decide<S: Store>(limiter: &Limiter<S>, body: Bytes, peek: bool) -> Resp
     }
 }
 
-async fn check<S: Store>(State(limiter): State<Arc<Limiter<S>>>, body: Bytes) -> Response {
-    decide(&limiter, body, false).await
+async fn check<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+    decide(&service, body, false).await
 }
 
-async fn peek<S: Store>(State(limiter): State<Arc<Limiter<S>>>, body: Bytes) -> Response {
-    decide(&limiter, body, true).await
+async fn peek<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+    decide(&service, body, true).await
 }
 
-async fn reset<S: Store>(State(limiter): State<Arc<Limiter<S>>>, body: Bytes) -> Response {
+async fn reset<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
     let request: ResetRequest = match parse(&body) {
         Ok(r) => r,
         Err(problem) => return problem.into_response(),
@@ -245,14 +247,15 @@ async fn reset<S: Store>(State(limiter): State<Arc<Limiter<S>>>, body: Bytes) ->
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    match limiter.reset(&request.policy, &selectors).await {
+    match service.limiter.reset(&request.policy, &selectors).await {
         Ok(()) => Json(json!({ "reset": true })).into_response(),
         Err(e) => error_response(e),
     }
 }
 
-async fn policies<S: Store>(State(limiter): State<Arc<Limiter<S>>>) -> Json<Value> {
-    let list: Vec<Value> = limiter
+async fn policies<S: Store>(State(service): State<Arc<Service<S>>>) -> Json<Value> {
+    let list: Vec<Value> = service
+        .limiter
         .policies()
         .iter()
         .map(|p| {

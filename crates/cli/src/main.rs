@@ -352,7 +352,7 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
         let watcher = tokio::spawn(reload::watch(service.clone(), load, watched));
         tracing::info!(%address, policies = count, "serving");
         service.set_ready(true);
-        let router = http::router(limiter).merge(sluice_server::http::router(service.clone()));
+        let router = http::router(service.clone()).merge(sluice_server::http::router(service.clone()));
         let ready = service.clone();
         let shutdown = until_stopped();
         tokio::spawn(async move {

@@ -183,7 +183,16 @@ fn grpc_answers_like_envoyproxy_ratelimit() {
 
 #[test]
 fn json_endpoint_metrics_and_readiness() {
-    let server = Server::start_envoy("", &[("config.yaml", ENVOY)], &["--envoy-headers"]);
+    let server = Server::start_envoy(
+        "[policies.api]\nrule = \"user:2/h\"\n",
+        &[("config.yaml", ENVOY)],
+        &["--envoy-headers"],
+    );
+    let check = r#"{"policy":"api","selectors":{"user":"u1"}}"#;
+    assert_eq!(
+        curl("POST", &format!("{}/v1/check", server.base), Some(check)).0,
+        200
+    );
     let body =
         r#"{"domain":"mongo_cps","descriptors":[{"entries":[{"key":"path","value":"/api/x"}]}]}"#;
     let url = format!("{}/json", server.base);
@@ -210,6 +219,10 @@ fn json_endpoint_metrics_and_readiness() {
         "{text}"
     );
     assert!(text.contains("sluice_identifiers "), "{text}");
+    assert!(
+        text.contains(r#"sluice_decisions_total{policy="api",result="allowed"} 1"#),
+        "{text}"
+    );
     assert_eq!(curl("GET", &format!("{}/ready", server.base), None).0, 200);
     assert_eq!(curl("GET", &format!("{}/live", server.base), None).0, 200);
 }
@@ -392,7 +405,7 @@ def rpc():
     request.descriptors.add().entries.add(key="user", value="u1")
     for _ in range(50):
         try:
-            answer = stub.ShouldRateLimit(request, timeout=5)
+            answer = stub.ShouldRateLimit(request, timeout=60)
             with lock: counts["grpc"] += answer.overall_code == rls_pb2.RateLimitResponse.OK
         except Exception as e:
             with lock: counts["errors"].append(repr(e))
