@@ -5,9 +5,10 @@
 //!   `redis+cluster://host:port,host:port,...` (and `rediss+cluster://`): shared Redis.
 //!   `timeout_ms` (default 250) bounds each decision; past it the policy's failure mode
 //!   decides. Other query parameters go to the Redis client as they are.
-//! - `memcached://host:port,host:port,...[?timeout_ms=N&connect_timeout_ms=N&connections=N&down_ms=N]`:
+//! - `memcached://host:port,host:port,...[?timeout_ms=N&connect_timeout_ms=N&connections=N&down_ms=N&skew_ms=N]`:
 //!   a pool of memcached servers (consistent hashing; a failed server is skipped for
-//!   `down_ms`, default 2000). Decisions use this process's clock: keep servers on NTP.
+//!   `down_ms`, default 2000). Decisions use this process's clock: keep servers on NTP
+//!   (`skew_ms`, default 250, is the clock difference the sliding window allows for).
 
 use std::time::Duration;
 

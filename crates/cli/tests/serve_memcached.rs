@@ -25,10 +25,13 @@ algorithm = "fixed-window"
 [policies.compound]
 rule = "or(user:100/m, 1000/h)"
 algorithm = "sliding-window"
+
+[policies.both]
+rule = "and(user:100/m, 150/h)"
 "#;
 
 /// 64 clients over two servers on one identifier of `100/m`: exactly 100 admitted with the
-/// sliding window counter and every other algorithm.
+/// sliding window counter and every other algorithm; exactly 150 for `and(100/m, 150/h)`.
 fn two_servers_one_limit(store_url: &str) {
     // A generous timeout: on a loaded machine a slow answer must not hand hits to the
     // failure mode (which decides locally), since the count is what is tested here.
@@ -41,6 +44,7 @@ fn two_servers_one_limit(store_url: &str) {
         ("log", 100),
         ("fixed", 100),
         ("compound", 100),
+        ("both", 150),
     ] {
         let (admitted, _) = flood(&[&a, &b], 64, policy, 4);
         assert_eq!(admitted, limit, "policy {policy} on {store_url}");

@@ -9,7 +9,10 @@
 //! stay within the limit, otherwise it gives its cost back (`decr`) and is denied. A counter
 //! thus always holds the hits it admitted plus the denied ones in flight: no interleaving
 //! admits more than the limit, and a hit can only be denied wrongly while another's cost
-//! is in flight (under-admission, bounded by the cost of the hits in flight).
+//! is in flight (under-admission, bounded by the cost of the hits in flight). App servers
+//! whose clocks differ count into neighbouring sub-windows around each boundary; the read
+//! takes the next sub-window too, and a hit near a boundary reads its neighbours again
+//! after counting (see [`MemcachedStoreBuilder::skew`](crate::MemcachedStoreBuilder::skew)).
 //!
 //! **GCRA, fixed window, sliding log**: the state under `<base>|s`, updated by
 //! compare-and-swap (see [`crate::cas`]). The core's functions judge and record, so the
@@ -252,7 +255,7 @@ impl Inner {
         };
         let state = |counts: &[u64]| State::SlidingWindow(Counters::from_parts(current, counts));
 
-        let (mut counts, total) = if mode == Mode::Force && cost > 0 {
+        let (mut counts, total, mut ahead_count) = if mode == Mode::Force && cost > 0 {
             // Recorded whatever it finds: read the older sub-windows and count the hit in
             // one round trip.
             let route = keys.route();
@@ -267,10 +270,21 @@ impl Inner {
                         .await?
                 }
             };
-            (counts(&read)?, total)
+            (counts(&read)?, total, 0)
         } else {
-            let read = self.pool.get(keys.route(), &names, deadline).await?;
-            let counts = counts(&read)?;
+            // The next sub-window too: app servers whose clocks run ahead count into it.
+            let ahead = keys.window(current + 1);
+            let mut asked = names.clone();
+            asked.push(ahead.clone());
+            let read = self.pool.get(keys.route(), &asked, deadline).await?;
+            let mut counts = counts(&read)?;
+            let ahead_count = match read.get(&ahead) {
+                Some(value) => count(&ahead, value)?.min(ceiling),
+                None => 0,
+            };
+            // Hits counted ahead of us are taken as this sub-window's: never too few.
+            let last = counts.len() - 1;
+            counts[last] = counts[last].saturating_add(ahead_count);
             let verdict = quota.verdict(&state(&counts), now, cost);
             if !mode.records(&verdict) || cost == 0 {
                 return Ok(Judged {
@@ -283,19 +297,41 @@ impl Inner {
             let total = self
                 .increment(keys, current, quota, now, cost, present, deadline)
                 .await?;
-            (counts, total)
+            (counts, total, ahead_count)
         };
 
         let last = counts.len() - 1;
-        if total < cost {
+        let mine = if total < cost {
             // Below what we just added: a wrapped or foreign value. Deny, and let it expire.
             Stats::bump(&self.pool.counters.wrapped);
-            counts[last] = ceiling;
+            ceiling
         } else {
-            counts[last] = (total - cost).min(ceiling);
-        }
+            (total - cost).min(ceiling)
+        };
+        counts[last] = mine.saturating_add(ahead_count);
         // The verdict at the moment the hit reached the counter.
-        let verdict = quota.verdict(&state(&counts), now, cost);
+        let mut verdict = quota.verdict(&state(&counts), now, cost);
+        if verdict.allowed && mode != Mode::Force && self.near_boundary(quota, now) {
+            // App servers whose clocks differ a little from ours count into the neighbouring
+            // sub-windows right now: read those again, after our own count. Of two hits
+            // racing across the boundary, at least one sees the other (each counts, then
+            // reads), so the two cannot both take the last unit.
+            let mut neighbours = vec![keys.window(current + 1)];
+            if g > 1 && current >= 1 {
+                neighbours.push(keys.window(current - 1));
+            }
+            let read = self.pool.get(keys.route(), &neighbours, deadline).await?;
+            let fresh = |name: &String| -> Result<u64, MemcachedError> {
+                read.get(name)
+                    .map_or(Ok(0), |value| Ok(count(name, value)?.min(ceiling)))
+            };
+            ahead_count = ahead_count.max(fresh(&neighbours[0])?);
+            counts[last] = mine.saturating_add(ahead_count);
+            if let Some(before) = neighbours.get(1) {
+                counts[last - 1] = counts[last - 1].max(fresh(before)?);
+            }
+            verdict = quota.verdict(&state(&counts), now, cost);
+        }
         let keep = match mode {
             Mode::Take => verdict.allowed,
             _ => total >= cost,
@@ -315,7 +351,7 @@ impl Inner {
             self.decrement(keys, key, excess, deadline).await;
             kept -= excess;
         }
-        counts[last] = counts[last].saturating_add(kept);
+        counts[last] = mine.saturating_add(kept);
         Ok(Judged {
             verdict,
             recorded: (kept > 0).then(|| Recorded::Counter {
@@ -324,6 +360,14 @@ impl Inner {
             }),
             after: Some(state(&counts)),
         })
+    }
+
+    /// Whether `now` is within the store's clock skew of a sub-window boundary.
+    fn near_boundary(&self, quota: &Quota, now: u64) -> bool {
+        let sub = quota.sub_window_ticks();
+        let into = now % sub;
+        let skew = self.skew.as_nanos() as u64;
+        into < skew || sub - into <= skew
     }
 
     /// Adds `by` to the counter of sub-window `number`, creating it if needed (and the

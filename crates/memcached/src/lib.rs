@@ -68,11 +68,18 @@
 //! memcached has no clock to share, so decisions use the caller's clock
 //! ([`MemcachedStoreBuilder::clock`], the system clock by default). Keep app servers on NTP:
 //! with clocks `d` apart, a sliding-window sub-window starts `d` earlier on one server than on
-//! another, so for up to `d` around each boundary the two count different sub-windows (the
-//! limit over any window may be off by the hits of about `d`); a GCRA bucket refills `d`
-//! sooner for the server ahead, which can admit up to `d / interval` more hits, and later for
-//! the one behind, which denies that many sooner. A fixed window turns over `d` apart. Skew
-//! far below the sub-window (or the GCRA interval) changes nothing in practice.
+//! another, so for `d` around each boundary the two count into different sub-windows. Hits
+//! within the allowed skew of a boundary ([`MemcachedStoreBuilder::skew`], 250 ms by
+//! default) read the next sub-window too and re-read the neighbouring ones after counting,
+//! so the limit holds across the boundary (two hits racing there may both step back: one
+//! unit left unused, never one too many); beyond that skew, the limit may be off by the
+//! hits of the excess. Otherwise
+//! skew moves the window by `d`: a hit leaves it up to `d` sooner or later. A GCRA bucket
+//! refills `d` sooner for the server ahead, which can admit up to `d / interval` more hits,
+//! and later for the one behind, which denies that many sooner (every update is still a
+//! compare-and-swap, so no hit is lost). A fixed window turns over `d` apart, and a hit
+//! from the server behind never turns a window back. Skew far below the sub-window (or the
+//! GCRA interval) changes nothing in practice.
 
 #![forbid(unsafe_code)]
 
@@ -98,5 +105,6 @@ pub mod value;
 pub use error::MemcachedError;
 pub use stats::{MemcachedStats, ServerStats};
 pub use store::{
-    DEFAULT_CONNECTIONS, DEFAULT_DOWN_FOR, DEFAULT_TIMEOUT, MemcachedStore, MemcachedStoreBuilder,
+    DEFAULT_CONNECTIONS, DEFAULT_DOWN_FOR, DEFAULT_SKEW, DEFAULT_TIMEOUT, MemcachedStore,
+    MemcachedStoreBuilder,
 };

@@ -18,6 +18,8 @@ use crate::url::parse;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// Connections per server by default; each carries many requests at once (pipelined).
 pub const DEFAULT_CONNECTIONS: usize = 4;
+/// The clock difference between app servers the sliding-window counter allows for.
+pub const DEFAULT_SKEW: Duration = Duration::from_millis(250);
 /// How long a failed server is skipped by default.
 pub const DEFAULT_DOWN_FOR: Duration = Duration::from_secs(2);
 /// Most sub-window counters one reset deletes around the present (see `reset`).
@@ -37,6 +39,7 @@ pub(crate) struct Inner {
     pub(crate) cas_tries: u32,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) timeout: Duration,
+    pub(crate) skew: Duration,
 }
 
 /// Configures a [`MemcachedStore`]. Settings made here win over the URL's options.
@@ -48,6 +51,7 @@ pub struct MemcachedStoreBuilder {
     down_for: Option<Duration>,
     cas_tries: u32,
     clock: Arc<dyn Clock>,
+    skew: Option<Duration>,
 }
 
 impl MemcachedStoreBuilder {
@@ -79,6 +83,15 @@ impl MemcachedStoreBuilder {
     /// [`MemcachedError::Contention`] (at least 1; default 64).
     pub fn cas_tries(mut self, tries: u32) -> Self {
         self.cas_tries = tries.max(1);
+        self
+    }
+
+    /// The largest difference expected between app servers' clocks (default 250 ms). Hits
+    /// on a sliding-window counter within this of a sub-window boundary re-read the
+    /// neighbouring sub-windows after counting (one more round trip), so that no two app
+    /// servers whose clocks differ by less can admit more than the limit across it.
+    pub fn skew(mut self, skew: Duration) -> Self {
+        self.skew = Some(skew);
         self
     }
 
@@ -129,6 +142,7 @@ impl MemcachedStoreBuilder {
                 cas_tries: self.cas_tries,
                 clock: self.clock,
                 timeout,
+                skew: self.skew.or(settings.skew).unwrap_or(DEFAULT_SKEW),
             }),
         })
     }
@@ -149,6 +163,7 @@ impl MemcachedStore {
             down_for: None,
             cas_tries: DEFAULT_CAS_TRIES,
             clock: Arc::new(SystemClock::new()),
+            skew: None,
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! A host without a port gets memcached's 11211. Options: `timeout_ms` (each decision),
 //! `connect_timeout_ms`, `connections` (per server), `down_ms` (how long a failed server is
-//! skipped). Unknown options are refused, so a typo is not silently ignored.
+//! skipped), `skew_ms` (the clock difference between app servers allowed for). Unknown
+//! options are refused, so a typo is not silently ignored.
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ pub struct Settings {
     pub connect_timeout: Option<Duration>,
     pub connections: Option<usize>,
     pub down_for: Option<Duration>,
+    pub skew: Option<Duration>,
 }
 
 /// Reads a store URL.
@@ -59,10 +61,17 @@ pub fn parse(url: &str) -> Result<Settings, MemcachedError> {
     }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if !["timeout_ms", "connect_timeout_ms", "down_ms", "connections"].contains(&name) {
+        let known = [
+            "timeout_ms",
+            "connect_timeout_ms",
+            "down_ms",
+            "skew_ms",
+            "connections",
+        ];
+        if !known.contains(&name) {
             return Err(bad(&format!(
-                "unknown option `{name}` (known: timeout_ms, connect_timeout_ms, connections, \
-                 down_ms)"
+                "unknown option `{name}` (known: {})",
+                known.join(", ")
             )));
         }
         let positive = value
@@ -75,6 +84,7 @@ pub fn parse(url: &str) -> Result<Settings, MemcachedError> {
             "timeout_ms" => settings.timeout = Some(ms),
             "connect_timeout_ms" => settings.connect_timeout = Some(ms),
             "down_ms" => settings.down_for = Some(ms),
+            "skew_ms" => settings.skew = Some(ms),
             _ => settings.connections = Some(positive.min(1024) as usize),
         }
     }

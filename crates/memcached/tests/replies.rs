@@ -150,7 +150,8 @@ async fn a_counter_gone_between_read_and_incr_is_an_eviction() {
         let words: Vec<&str> = command.split(' ').collect();
         match words[0] {
             "get" if words.len() > 2 => {
-                let current = words.last().unwrap();
+                // The window's keys, oldest first, then the next sub-window's.
+                let current = words[words.len() - 2];
                 format!("VALUE {current} 0 1\r\n5\r\nEND\r\n").into_bytes()
             }
             "incr" => b"NOT_FOUND\r\n".to_vec(),
