@@ -49,6 +49,9 @@ enum Command {
         /// Add X-RateLimit-* and RateLimit headers to Envoy answers.
         #[arg(long)]
         envoy_headers: bool,
+        /// Logs on stderr as text or as one JSON object per line.
+        #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+        log_format: String,
     },
     /// Decide one hit on a fresh in-memory store and print the decision as JSON.
     Check {
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
             resp_listen,
             envoy_config,
             envoy_headers,
+            log_format,
         } => serve(Listeners {
             config,
             listen,
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
             resp_listen,
             envoy_config,
             envoy_headers,
+            json_logs: log_format == "json",
         }),
         Command::Check {
             rule,
@@ -224,17 +229,22 @@ struct Listeners {
     resp_listen: Option<SocketAddr>,
     envoy_config: Option<PathBuf>,
     envoy_headers: bool,
+    json_logs: bool,
 }
 
 fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    if args.json_logs {
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     if args.config.is_none() && args.envoy_config.is_none() {
         tracing::warn!("no --config or --envoy-config given: serving with no policies");
     }
