@@ -323,6 +323,14 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let address = listener.local_addr()?;
+        let watched: Vec<PathBuf> = args
+            .config
+            .iter()
+            .chain(args.envoy_config.iter())
+            .cloned()
+            .collect();
+        // Installed before the listeners announce themselves, so an early SIGHUP reloads.
+        let watcher = reload::spawn(service.clone(), load, watched);
         let mut tasks = tokio::task::JoinSet::new();
         // One plain line on stdout per listener, so scripts and tests can find the port of
         // `--listen :0`.
@@ -353,13 +361,6 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
             });
         }
         std::io::stdout().flush()?;
-        let watched: Vec<PathBuf> = args
-            .config
-            .iter()
-            .chain(args.envoy_config.iter())
-            .cloned()
-            .collect();
-        let watcher = tokio::spawn(reload::watch(service.clone(), load, watched));
         tracing::info!(%address, policies = count, "serving");
         service.set_ready(true);
         let router = http::router(service.clone()).merge(sluice_server::http::router(service.clone()));

@@ -71,10 +71,32 @@ fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     out
 }
 
-/// Reloads on SIGHUP and when anything under `watched` changes; runs until dropped.
-pub async fn watch<S: Store>(service: Arc<Service<S>>, load: Loader, watched: Vec<PathBuf>) {
+/// Starts reloading on SIGHUP and when anything under `watched` changes. The SIGHUP
+/// handler is installed before this returns, so a SIGHUP sent once the service announces
+/// itself reloads rather than kills it. Must be called within a Tokio runtime.
+pub fn spawn<S: Store + 'static>(
+    service: Arc<Service<S>>,
+    load: Loader,
+    watched: Vec<PathBuf>,
+) -> tokio::task::JoinHandle<()> {
     #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    let hangup = None::<()>;
+    tokio::spawn(watch(service, load, watched, hangup))
+}
+
+#[cfg(unix)]
+type Hangup = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangup = ();
+
+async fn watch<S: Store>(
+    service: Arc<Service<S>>,
+    load: Loader,
+    watched: Vec<PathBuf>,
+    #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hangup: Option<Hangup>,
+) {
     let mut last = fingerprint(&watched);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
