@@ -35,12 +35,14 @@ impl Server {
 
     /// Starts `sluice serve` with `extra` arguments (e.g. `--store URL`).
     pub fn start_with(config: &str, extra: &[&str]) -> Server {
-        Server::start_under(&[], config, extra)
+        Server::start_with_env(config, &[], extra)
     }
 
-    /// Starts `sluice serve` through a wrapper command (e.g. `faketime -m -f +365d`).
-    pub fn start_under(wrapper: &[&str], config: &str, extra: &[&str]) -> Server {
-        Server::start_full(wrapper, config, &[], extra)
+    /// Starts `sluice serve` with extra environment variables (e.g. libfaketime's
+    /// `LD_PRELOAD` and `FAKETIME`), set on the server process itself so that the PID this
+    /// harness stops is the server's own (a wrapper command would leave it orphaned).
+    pub fn start_with_env(config: &str, env: &[(&str, &str)], extra: &[&str]) -> Server {
+        Server::start_full(env, config, &[], extra)
     }
 
     /// Starts `sluice serve` with envoyproxy/ratelimit YAML files `(name, text)` in a
@@ -57,7 +59,7 @@ impl Server {
     }
 
     fn start_full(
-        wrapper: &[&str],
+        env: &[(&str, &str)],
         config: &str,
         envoy: &[(&str, &str)],
         extra: &[&str],
@@ -75,13 +77,8 @@ impl Server {
         for (name, text) in envoy {
             std::fs::write(envoy_dir.join(name), text).unwrap();
         }
-        let binary = env!("CARGO_BIN_EXE_sluice");
-        let (program, before) = match wrapper.split_first() {
-            Some((program, args)) => (*program, [args, &[binary]].concat()),
-            None => (binary, Vec::new()),
-        };
-        let mut child = Command::new(program)
-            .args(before)
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .envs(env.iter().copied())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&path)
             .args(if envoy.is_empty() {
