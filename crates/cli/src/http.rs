@@ -194,20 +194,31 @@ fn error_response(error: Error) -> Response {
     problem(status, error.to_string())
 }
 
+/// Parses a request body and checks the selectors it carries.
+fn read<T: DeserializeOwned>(
+    body: &Bytes,
+    selectors: impl Fn(&T) -> &BTreeMap<String, String>,
+) -> Result<T, Problem> {
+    let request: T = parse(body)?;
+    check_selectors(selectors(&request))?;
+    Ok(request)
+}
+
+/// Selectors as the limiter takes them.
+fn pairs(selectors: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+    selectors
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
 async fn decide<S: Store>(service: &Service<S>, body: Bytes, peek: bool) -> Response {
     let limiter = &service.limiter;
-    let request: CheckRequest = match parse(&body) {
+    let request: CheckRequest = match read(&body, |r: &CheckRequest| &r.selectors) {
         Ok(r) => r,
         Err(problem) => return problem.into_response(),
     };
-    if let Err(problem) = check_selectors(&request.selectors) {
-        return problem.into_response();
-    }
-    let selectors: Vec<(&str, &str)> = request
-        .selectors
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let selectors = pairs(&request.selectors);
     let result = if peek {
         limiter
             .peek(&request.policy, &selectors, request.cost)
@@ -235,18 +246,11 @@ async fn peek<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> 
 }
 
 async fn reset<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
-    let request: ResetRequest = match parse(&body) {
+    let request: ResetRequest = match read(&body, |r: &ResetRequest| &r.selectors) {
         Ok(r) => r,
         Err(problem) => return problem.into_response(),
     };
-    if let Err(problem) = check_selectors(&request.selectors) {
-        return problem.into_response();
-    }
-    let selectors: Vec<(&str, &str)> = request
-        .selectors
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let selectors = pairs(&request.selectors);
     match service.limiter.reset(&request.policy, &selectors).await {
         Ok(()) => Json(json!({ "reset": true })).into_response(),
         Err(e) => error_response(e),

@@ -318,7 +318,7 @@ fn reload_keeps_counters_and_rejects_bad_configs() {
 
     // A broken file: the old config keeps serving, with its counters.
     std::fs::write(&file, "domain: [unclosed").unwrap();
-    hangup(&pid);
+    hangup(&server, &pid);
     let answers = envoy(&server, json!([users]));
     assert_eq!(summary(&answers[0]), ("OK".to_owned(), 0));
     let (_, metrics) = curl("GET", &format!("{}/metrics", server.base), None);
@@ -333,7 +333,7 @@ fn reload_keeps_counters_and_rejects_bad_configs() {
         ENVOY.replace("requests_per_unit: 2\n", "requests_per_unit: 7\n"),
     )
     .unwrap();
-    hangup(&pid);
+    hangup(&server, &pid);
     let answers = envoy(
         &server,
         json!([users, one("mongo_cps", &[("remote_address", "1.1.1.1")])]),
@@ -349,8 +349,28 @@ fn server_pid(server: &Server) -> String {
     server.pid().to_string()
 }
 
-fn hangup(pid: &str) {
-    hangup_for(pid, 300);
+/// Config reloads the server has attempted (succeeded or failed), from `/metrics`.
+fn reloads(server: &Server) -> u64 {
+    let (_, metrics) = curl("GET", &format!("{}/metrics", server.base), None);
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_config_reloads_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Sends SIGHUP and waits until the server has attempted one more reload than before, so
+/// what follows sees the file written before the call (or its rejection).
+fn hangup(server: &Server, pid: &str) {
+    let before = reloads(server);
+    hangup_for(pid, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reloads(server) <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload after SIGHUP"
+        );
+    }
 }
 
 fn hangup_for(pid: &str, pause_ms: u64) {
@@ -361,8 +381,10 @@ fn hangup_for(pid: &str, pause_ms: u64) {
             .unwrap()
             .success()
     );
-    // The reload runs in the server's signal task; give it a moment.
-    std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+    // Under load, space the reloads out (the caller waits on nothing else).
+    if pause_ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+    }
 }
 
 const UNDER_LOAD: &str = r#"
