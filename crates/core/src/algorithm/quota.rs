@@ -206,6 +206,21 @@ impl Quota {
         }
     }
 
+    /// [`Quota::verdict`] for a GCRA quota whose state is the bare TAT word, for stores
+    /// that keep it in one atomic word. Meaningless for other algorithms.
+    #[inline]
+    pub fn gcra_verdict(&self, tat: u64, now: u64, cost: u64) -> Verdict {
+        debug_assert_eq!(self.algorithm, Algorithm::Gcra);
+        gcra::verdict(self, tat, now, cost)
+    }
+
+    /// [`Quota::record`] for a GCRA quota's bare TAT word: the word after the hit.
+    #[inline]
+    pub fn gcra_record(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        debug_assert_eq!(self.algorithm, Algorithm::Gcra);
+        gcra::record(self, tat, now, cost)
+    }
+
     /// Records a hit of `cost` at `now` in `state`, admitted or not. Recording a denied hit
     /// (for policies that count denied attempts) is bounded: it can delay the identifier by
     /// at most about one more window, never lock it out for good.

@@ -103,15 +103,14 @@ impl MemoryStore {
 
     /// Decides a hit synchronously (the memory store never waits on anything but its locks).
     pub fn decide_now(&self, hit: &Hit<'_>) -> Decision {
-        let now = self.inner.clock.now();
         let ev = &hit.evaluation;
         if hit.identifiers.len() == 1
             && ev.quotas[0].algorithm() == Algorithm::Gcra
             && ev.penalty.is_none()
         {
-            self.decide_word(&hit.identifiers[0], hit, now)
+            self.decide_word(&hit.identifiers[0], hit)
         } else {
-            self.decide_locked(hit, now)
+            self.decide_locked(hit, self.inner.clock.now())
         }
     }
 
@@ -125,7 +124,7 @@ impl MemoryStore {
     }
 
     /// The hot path: one GCRA leaf, one state word, compare-and-swap under a shared lock.
-    fn decide_word(&self, id: &str, hit: &Hit<'_>, now: u64) -> Decision {
+    fn decide_word(&self, id: &str, hit: &Hit<'_>) -> Decision {
         let ev = &hit.evaluation;
         let quota = &ev.quotas[0];
         let hash = self.hash(id);
@@ -133,36 +132,34 @@ impl MemoryStore {
         {
             let table = shard.read();
             if let Some(word) = table.word(hash, id) {
+                let now = self.inner.clock.now();
                 let mut tat = word.load(Ordering::Acquire);
+                // Only the verdict and the next word inside the loop: everything else waits
+                // for the swap to succeed, which keeps the loop short under contention and
+                // the instructions between two hits' memory accesses few.
                 loop {
-                    let state = State::Gcra { tat };
-                    let verdict = quota.verdict(&state, now, ev.cost);
-                    let mut decision = Decision::from_verdict(&verdict, 0, quota.tick());
+                    let verdict = quota.gcra_verdict(tat, now, ev.cost);
                     if !should_record(ev.recording, &verdict) {
-                        return decision;
+                        return Decision::from_verdict(&verdict, 0, quota.tick());
                     }
-                    let mut next = state;
-                    quota.record(&mut next, now, ev.cost);
-                    if !verdict.allowed {
-                        // A counted denial lengthens the wait: report the recorded state's.
-                        decision = Decision::from_verdict(
-                            &quota.verdict(&next, now, ev.cost),
-                            0,
-                            quota.tick(),
-                        );
-                    }
-                    let State::Gcra { tat: next } = next else {
-                        unreachable!("a GCRA quota records GCRA state")
-                    };
+                    let next = quota.gcra_record(tat, now, ev.cost);
                     match word.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
                     {
-                        Ok(_) => return decision,
+                        Ok(_) if verdict.allowed => {
+                            return Decision::from_verdict(&verdict, 0, quota.tick());
+                        }
+                        // A counted denial lengthens the wait: report the recorded word's.
+                        Ok(_) => {
+                            let after = quota.gcra_verdict(next, now, ev.cost);
+                            return Decision::from_verdict(&after, 0, quota.tick());
+                        }
                         Err(seen) => tat = seen,
                     }
                 }
             }
         }
         // Unknown identifier: decide on a fresh state; only store it if something is recorded.
+        let now = self.inner.clock.now();
         let fresh = quota.fresh_state();
         let verdict = quota.verdict(&fresh, now, ev.cost);
         if !should_record(ev.recording, &verdict) {
@@ -271,7 +268,7 @@ fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota
                 tat: word.load(Ordering::Acquire),
             };
         }
-    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| &**k == id)
+    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id)
         && let CellValue::Leaf(state) = &mut cell.value
         && quota.fits(state)
     {
@@ -281,7 +278,7 @@ fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota
 }
 
 fn take_penalty(table: &mut Table, hash: u64, id: &str) -> PenaltyState {
-    match table.cells.find(hash, |(k, _)| &**k == id) {
+    match table.cells.find(hash, |(k, _)| k == id) {
         Some((
             _,
             Cell {
@@ -309,10 +306,10 @@ fn put_state(
                 return table::Swept::default();
             }
             let swept = table.make_room(store.inner.shard_cap, now);
-            let hasher = |(k, _): &(Box<str>, AtomicU64)| store.hash(k);
+            let hasher = |(k, _): &(table::Key, AtomicU64)| store.hash(k);
             table
                 .words
-                .insert_unique(hash, (id.into(), AtomicU64::new(tat)), hasher);
+                .insert_unique(hash, (table::Key::from(id), AtomicU64::new(tat)), hasher);
             swept
         }
         other => put_cell(
@@ -336,15 +333,17 @@ fn put_cell(
     store: &MemoryStore,
     now: u64,
 ) -> table::Swept {
-    if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| &**k == id) {
+    if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id) {
         *cell = Cell { value, expires_at };
         return table::Swept::default();
     }
     let swept = table.make_room(store.inner.shard_cap, now);
-    let hasher = |(k, _): &(Box<str>, Cell)| store.hash(k);
-    table
-        .cells
-        .insert_unique(hash, (id.into(), Cell { value, expires_at }), hasher);
+    let hasher = |(k, _): &(table::Key, Cell)| store.hash(k);
+    table.cells.insert_unique(
+        hash,
+        (table::Key::from(id), Cell { value, expires_at }),
+        hasher,
+    );
     swept
 }
 
