@@ -42,6 +42,13 @@ impl Store for AnyStore {
         }
     }
 
+    fn try_decide_now(&self, hit: &Hit<'_>) -> Option<Result<Decision, StoreError>> {
+        match self {
+            AnyStore::Memory(store) => store.try_decide_now(hit),
+            AnyStore::Redis(_) | AnyStore::Memcached(_) => None,
+        }
+    }
+
     async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(store) => store.reset(identifiers).await,

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use sluice_core::{Decision, Denial, Evaluation, Recording};
 
 use crate::clock::{Clock, SystemClock};
@@ -51,7 +52,7 @@ impl Error {
 /// Selector values of one request, by name: `&[("user", "alice"), ("ip", "10.0.0.1")]`.
 pub type Selectors<'a> = [(&'a str, &'a str)];
 
-type Policies = HashMap<String, Arc<CompiledPolicy>>;
+type Policies = HashMap<String, Arc<CompiledPolicy>, foldhash::fast::RandomState>;
 
 /// Bound on identifiers the in-process fallback holds while the store is away.
 const FALLBACK_IDENTIFIERS: usize = 1 << 20;
@@ -59,7 +60,11 @@ const FALLBACK_IDENTIFIERS: usize = 1 << 20;
 /// Named policies over a [`Store`].
 pub struct Limiter<S> {
     store: S,
-    policies: RwLock<Arc<Policies>>,
+    /// Read on every hit without a lock or a reference count bumped on a shared cache
+    /// line (workers on other cores would fight over it); replaced whole.
+    policies: ArcSwap<Policies>,
+    /// Serialises writers, so `add_policy`'s read-modify-write loses nothing.
+    replacing: Mutex<()>,
     clock: Arc<dyn Clock>,
     near_cache: Option<NearCache>,
     /// Decides for policies failing `local` while the store is away.
@@ -108,7 +113,8 @@ impl<S: Store> LimiterBuilder<S> {
             .build();
         Ok(Limiter {
             store: self.store,
-            policies: RwLock::new(Arc::new(policies)),
+            policies: ArcSwap::from_pointee(policies),
+            replacing: Mutex::new(()),
             clock: self.clock,
             near_cache: self.near_cache.map(|(n, ttl)| NearCache::new(n, ttl)),
             fallback,
@@ -118,7 +124,7 @@ impl<S: Store> LimiterBuilder<S> {
 }
 
 fn compile_all(policies: Vec<Policy>) -> Result<Policies, PolicyError> {
-    let mut out = HashMap::new();
+    let mut out = Policies::default();
     for policy in policies {
         let compiled = CompiledPolicy::compile(policy)?;
         out.insert(compiled.name().to_owned(), Arc::new(compiled));
@@ -147,12 +153,12 @@ impl<S: Store> Limiter<S> {
 
     /// The policy named `name`.
     pub fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
-        self.policies.read().get(name).cloned()
+        self.policies.load().get(name).cloned()
     }
 
     /// Every policy, sorted by name.
     pub fn policies(&self) -> Vec<Arc<CompiledPolicy>> {
-        let mut all: Vec<_> = self.policies.read().values().cloned().collect();
+        let mut all: Vec<_> = self.policies.load().values().cloned().collect();
         all.sort_by(|a, b| a.name().cmp(b.name()));
         all
     }
@@ -161,7 +167,8 @@ impl<S: Store> Limiter<S> {
     /// keeps counting where it was. On error nothing changes.
     pub fn replace_policies(&self, policies: Vec<Policy>) -> Result<(), PolicyError> {
         let compiled = compile_all(policies)?;
-        *self.policies.write() = Arc::new(compiled);
+        let _writer = self.replacing.lock();
+        self.policies.store(Arc::new(compiled));
         if let Some(cache) = &self.near_cache {
             cache.clear();
         }
@@ -173,16 +180,16 @@ impl<S: Store> Limiter<S> {
     /// the table, so keep their number bounded.
     pub fn add_policy(&self, policy: Policy) -> Result<Arc<CompiledPolicy>, PolicyError> {
         let compiled = Arc::new(CompiledPolicy::compile(policy)?);
-        let mut table = self.policies.write();
-        let mut next = Policies::clone(&table);
+        let _writer = self.replacing.lock();
+        let mut next = Policies::clone(&self.policies.load());
         next.insert(compiled.name().to_owned(), compiled.clone());
-        *table = Arc::new(next);
+        self.policies.store(Arc::new(next));
         Ok(compiled)
     }
 
     /// How many policies are loaded.
     pub fn policy_count(&self) -> usize {
-        self.policies.read().len()
+        self.policies.load().len()
     }
 
     /// Decides a hit of `cost` on `policy` and records it. Cost 0 checks without recording.
@@ -192,13 +199,14 @@ impl<S: Store> Limiter<S> {
         selectors: &Selectors<'_>,
         cost: u64,
     ) -> Result<Checked, Error> {
-        let policy = self.lookup(policy)?;
+        let table = self.policies.load();
+        let policy = lookup(&table, policy)?;
         let recording = if policy.policy.count_denied {
             Recording::Always
         } else {
             Recording::Admitted
         };
-        self.decide(&policy, selectors, cost, recording).await
+        self.decide(policy, selectors, cost, recording).await
     }
 
     /// What a hit of `cost` would get, recording nothing.
@@ -208,26 +216,64 @@ impl<S: Store> Limiter<S> {
         selectors: &Selectors<'_>,
         cost: u64,
     ) -> Result<Checked, Error> {
-        let policy = self.lookup(policy)?;
-        self.decide(&policy, selectors, cost, Recording::Never)
-            .await
+        let table = self.policies.load();
+        let policy = lookup(&table, policy)?;
+        self.decide(policy, selectors, cost, Recording::Never).await
+    }
+
+    /// [`Limiter::check`] without waiting, when the store can decide in this process (the
+    /// memory store always can): for code that has no runtime at hand, and for hot paths
+    /// that would rather not allocate a future. `None` when the store must be asked over the
+    /// network, having done nothing: call [`Limiter::check`] then.
+    pub fn try_check_now(
+        &self,
+        policy: &str,
+        selectors: &Selectors<'_>,
+        cost: u64,
+    ) -> Option<Result<Checked, Error>> {
+        let table = self.policies.load();
+        let policy = match lookup(&table, policy) {
+            Ok(policy) => policy,
+            Err(error) => return Some(Err(error)),
+        };
+        let recording = if policy.policy.count_denied {
+            Recording::Always
+        } else {
+            Recording::Admitted
+        };
+        self.decide_now(policy, selectors, cost, recording)
+    }
+
+    /// [`Limiter::peek`] without waiting, as [`Limiter::try_check_now`].
+    pub fn try_peek_now(
+        &self,
+        policy: &str,
+        selectors: &Selectors<'_>,
+        cost: u64,
+    ) -> Option<Result<Checked, Error>> {
+        let table = self.policies.load();
+        match lookup(&table, policy) {
+            Ok(policy) => self.decide_now(policy, selectors, cost, Recording::Never),
+            Err(error) => Some(Err(error)),
+        }
     }
 
     /// Pardon: clears the counters and the penalty of the keys `selectors` name. A leaf is
     /// cleared when all its selectors are given; global leaves only when `selectors` is empty.
     pub async fn reset(&self, policy: &str, selectors: &Selectors<'_>) -> Result<(), Error> {
-        let policy = self.lookup(policy)?;
+        let table = self.policies.load();
+        let policy = lookup(&table, policy)?;
         let mut ids = Vec::new();
         for leaf in &policy.leaves {
             let names = leaf.leaf.selector.names();
             if names.is_empty() != selectors.is_empty() {
                 continue;
             }
-            if let Ok(id) = leaf_identifier(&policy, leaf, selectors) {
+            if let Ok(id) = leaf_identifier(policy, leaf, selectors) {
                 ids.push(id);
             }
         }
-        if let Ok(Some(id)) = penalty_identifier(&policy, selectors) {
+        if let Ok(Some(id)) = penalty_identifier(policy, selectors) {
             ids.push(id);
         }
         self.store.reset(&ids).await?;
@@ -237,11 +283,6 @@ impl<S: Store> Limiter<S> {
         Ok(())
     }
 
-    fn lookup(&self, name: &str) -> Result<Arc<CompiledPolicy>, Error> {
-        self.policy(name)
-            .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
-    }
-
     async fn decide(
         &self,
         policy: &CompiledPolicy,
@@ -249,63 +290,106 @@ impl<S: Store> Limiter<S> {
         cost: u64,
         recording: Recording,
     ) -> Result<Checked, Error> {
+        let ask = match self.prepare(policy, selectors, cost, recording)? {
+            Prepared::Answered(checked) => return Ok(checked),
+            Prepared::Ask(ask) => ask,
+        };
+        let hit = ask.hit(policy, cost, recording);
+        let result = if ask.paused {
+            Err(paused())
+        } else {
+            self.store.decide(&hit).await
+        };
+        self.conclude(policy, &ask, &hit, result)
+    }
+
+    /// [`Limiter::decide`] when the store can answer without waiting; `None` otherwise,
+    /// having done nothing.
+    fn decide_now(
+        &self,
+        policy: &CompiledPolicy,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Checked, Error>> {
+        let ask = match self.prepare(policy, selectors, cost, recording) {
+            Ok(Prepared::Answered(checked)) => return Some(Ok(checked)),
+            Ok(Prepared::Ask(ask)) => ask,
+            Err(error) => return Some(Err(error)),
+        };
+        let hit = ask.hit(policy, cost, recording);
+        let result = if ask.paused {
+            Err(paused())
+        } else {
+            self.store.try_decide_now(&hit)?
+        };
+        Some(self.conclude(policy, &ask, &hit, result))
+    }
+
+    /// Everything before the store: identifiers, the near cache, the pause after an error.
+    fn prepare(
+        &self,
+        policy: &CompiledPolicy,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Result<Prepared, Error> {
         let identifiers = policy
             .leaves
             .iter()
             .map(|leaf| leaf_identifier(policy, leaf, selectors))
             .collect::<Result<Vec<_>, _>>()?;
-        let penalty_id = penalty_identifier(policy, selectors)?;
+        let penalty_identifier = penalty_identifier(policy, selectors)?;
         // Denials counted by the store must reach it, so count-denied policies skip the cache.
-        let cache = self
-            .near_cache
-            .as_ref()
-            .filter(|_| recording == Recording::Admitted && cost > 0);
-        if let Some(cache) = cache
+        let cached = self.near_cache.is_some() && recording == Recording::Admitted && cost > 0;
+        if cached
+            && let Some(cache) = &self.near_cache
             && let Some(decision) = cache.get(policy.name(), &identifiers, cost, self.clock.now())
         {
             Counters::bump(&self.counters.near_cache_hits);
-            return Ok(finish(policy, decision, true));
+            return Ok(Prepared::Answered(finish(policy, decision, true)));
         }
-        let hit = Hit {
-            identifiers: &identifiers,
-            evaluation: Evaluation {
-                shape: &policy.shape,
-                quotas: &policy.quotas,
-                cost,
-                recording,
-                penalty: policy.policy.penalty.as_ref(),
-            },
-            penalty_identifier: penalty_id.as_deref(),
-        };
-        let paused = self.counters.store_paused_until.load(Ordering::Relaxed) > self.clock.now();
-        let result = if paused {
-            Err(StoreError::Unavailable(
-                "paused after a recent error".into(),
-            ))
-        } else {
-            self.store.decide(&hit).await
-        };
+        // Only a store that has failed sets the pause: read the clock only then.
+        let until = self.counters.store_paused_until.load(Ordering::Relaxed);
+        let paused = until != 0 && until > self.clock.now();
+        Ok(Prepared::Ask(Ask {
+            identifiers,
+            penalty_identifier,
+            cached,
+            paused,
+        }))
+    }
+
+    /// Everything after the store: the failure mode on error, the near cache on denial.
+    fn conclude(
+        &self,
+        policy: &CompiledPolicy,
+        ask: &Ask,
+        hit: &Hit<'_>,
+        result: Result<Decision, StoreError>,
+    ) -> Result<Checked, Error> {
         let decision = match result {
             Ok(decision) => decision,
             Err(error) if error.is_transient() => {
-                if !paused {
+                if !ask.paused {
                     Counters::bump(&self.counters.store_errors);
                     let until = self.clock.now() + STORE_PAUSE.as_nanos() as u64;
                     self.counters
                         .store_paused_until
                         .store(until, Ordering::Relaxed);
                 }
-                return Ok(self.without_store(policy, &hit));
+                return Ok(self.without_store(policy, hit));
             }
             Err(error) => return Err(error.into()),
         };
-        if let Some(cache) = cache
+        if ask.cached
             && !decision.allowed
+            && let Some(cache) = &self.near_cache
         {
             cache.remember(
                 policy.name(),
-                &identifiers,
-                cost,
+                &ask.identifiers,
+                hit.evaluation.cost,
                 &decision,
                 self.clock.now(),
             );
@@ -353,6 +437,50 @@ impl<S: Store> Limiter<S> {
         checked.without_store = Some(mode);
         checked
     }
+}
+
+/// What [`Limiter::prepare`] leaves for the store.
+enum Prepared {
+    /// Answered without the store (the near cache).
+    Answered(Checked),
+    Ask(Ask),
+}
+
+struct Ask {
+    identifiers: Vec<String>,
+    penalty_identifier: Option<String>,
+    /// The near cache applies to this hit.
+    cached: bool,
+    /// The store is resting after an error: the failure mode decides.
+    paused: bool,
+}
+
+impl Ask {
+    fn hit<'a>(&'a self, policy: &'a CompiledPolicy, cost: u64, recording: Recording) -> Hit<'a> {
+        Hit {
+            identifiers: &self.identifiers,
+            evaluation: Evaluation {
+                shape: &policy.shape,
+                quotas: &policy.quotas,
+                cost,
+                recording,
+                penalty: policy.policy.penalty.as_ref(),
+            },
+            penalty_identifier: self.penalty_identifier.as_deref(),
+        }
+    }
+}
+
+fn paused() -> StoreError {
+    StoreError::Unavailable("paused after a recent error".into())
+}
+
+/// The policy named `name` in `table`, borrowed: a hit clones no `Arc`.
+fn lookup<'t>(table: &'t Policies, name: &str) -> Result<&'t CompiledPolicy, Error> {
+    table
+        .get(name)
+        .map(|policy| &**policy)
+        .ok_or_else(|| Error::UnknownPolicy(name.to_owned()))
 }
 
 fn finish(policy: &CompiledPolicy, mut decision: Decision, cached: bool) -> Checked {

@@ -20,6 +20,13 @@ pub trait Store: Send + Sync + 'static {
     /// Decides `hit` and records it as its evaluation asks. Time is the store's own.
     fn decide(&self, hit: &Hit<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Decides `hit` as [`Store::decide`] does, if this store can do it without waiting
+    /// (its state is in this process). `None`, having done nothing, otherwise: the default.
+    fn try_decide_now(&self, hit: &Hit<'_>) -> Option<Result<Decision, StoreError>> {
+        let _ = hit;
+        None
+    }
+
     /// Forgets the state of these identifiers (counters and penalty records alike).
     fn reset(&self, identifiers: &[String]) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -140,3 +140,24 @@ async fn protocol_errors_are_not_hidden() {
     assert!(!error.is_transient());
     assert_eq!(limiter.stats().failed_open, 0);
 }
+
+#[tokio::test]
+async fn try_check_now_leaves_a_remote_store_alone_unless_the_failure_mode_decides() {
+    let (limiter, down, clock) = limiter(FailureMode::Open);
+    let selectors = &[("user", "u")];
+    // A store that must be awaited: nothing decided, nothing recorded.
+    assert!(limiter.try_check_now("p", selectors, 1).is_none());
+    assert!(limiter.try_peek_now("p", selectors, 1).is_none());
+    assert_eq!(hit(&limiter).await.decision.remaining, 9);
+    // While the store rests after an error, the failure mode answers at once.
+    down.store(true, Ordering::SeqCst);
+    assert!(hit(&limiter).await.without_store.is_some());
+    let now = limiter
+        .try_check_now("p", selectors, 1)
+        .expect("decided without the store");
+    assert_eq!(now.unwrap().without_store, Some(FailureMode::Open));
+    // Once the pause is over the store is to be asked again.
+    down.store(false, Ordering::SeqCst);
+    clock.advance(STORE_PAUSE);
+    assert!(limiter.try_check_now("p", selectors, 1).is_none());
+}

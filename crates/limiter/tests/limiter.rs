@@ -413,3 +413,63 @@ async fn penalty_records_do_not_collide_with_a_selector_named_penalty() {
     admit(&l, "b", &[("user", "1/m")], 1).await;
     assert!(!check(&l, "a", victim, 1).await.decision.allowed);
 }
+
+#[test]
+fn try_check_now_decides_on_the_memory_store_exactly_as_check() {
+    let (l, clock) = limiter([policy("p", "user:3/m")]);
+    for i in 0..3 {
+        let checked = l.try_check_now("p", ALICE, 1).expect("memory decides now");
+        assert!(checked.unwrap().decision.allowed, "hit {i}");
+    }
+    let denied = l.try_check_now("p", ALICE, 1).unwrap().unwrap().decision;
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after, Some(secs(20)));
+    // A peek records nothing: the same answer twice.
+    let peeked = l.try_peek_now("p", BOB, 1).unwrap().unwrap().decision;
+    assert_eq!(peeked.remaining, 2);
+    assert_eq!(
+        l.try_peek_now("p", BOB, 1).unwrap().unwrap().decision,
+        peeked
+    );
+    // The same counters as the async path: 20 s later one more hit passes, then none.
+    clock.advance(secs(20));
+    let async_path = futures_lite(l.check("p", ALICE, 1));
+    assert!(async_path.unwrap().decision.allowed);
+    assert!(
+        !l.try_check_now("p", ALICE, 1)
+            .unwrap()
+            .unwrap()
+            .decision
+            .allowed
+    );
+}
+
+#[test]
+fn try_check_now_reports_errors_without_recording() {
+    let (l, _) = limiter([policy("p", "user:1/m")]);
+    assert!(matches!(
+        l.try_check_now("nope", ALICE, 1),
+        Some(Err(Error::UnknownPolicy(_)))
+    ));
+    assert!(matches!(
+        l.try_check_now("p", &[("ip", "10.0.0.1")], 1),
+        Some(Err(Error::MissingSelector { .. }))
+    ));
+    assert!(
+        l.try_check_now("p", ALICE, 1)
+            .unwrap()
+            .unwrap()
+            .decision
+            .allowed
+    );
+}
+
+/// Polls a future that never waits (the memory store's) to its end, without a runtime.
+fn futures_lite<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => panic!("the memory store never waits"),
+    }
+}

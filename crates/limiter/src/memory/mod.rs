@@ -352,6 +352,10 @@ impl Store for MemoryStore {
         Ok(self.decide_now(hit))
     }
 
+    fn try_decide_now(&self, hit: &Hit<'_>) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(self.decide_now(hit)))
+    }
+
     async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
         for id in identifiers {
             let hash = self.hash(id);
