@@ -7,6 +7,7 @@
 pub mod body;
 pub mod client_ip;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -155,37 +156,49 @@ impl Key {
         }
     }
 
-    /// This key's value for one request, if it has one.
-    pub(crate) fn extract(&self, inputs: &Inputs<'_>) -> Option<String> {
+    /// This key's value for one request, if it has one: borrowed from the request where it
+    /// is there as it is (the client key, a header, the path), so the common keys copy nothing.
+    pub(crate) fn extract<'a>(&self, inputs: &Inputs<'a>) -> Option<Cow<'a, str>> {
         let parts = inputs.parts;
         let (value, hash) = match &self.source {
-            Source::ClientIp => (inputs.client_key.map(str::to_owned), false),
+            Source::ClientIp => (inputs.client_key.map(Cow::Borrowed), false),
             Source::Header(name) => (
                 parts
                     .headers
                     .get(name)
                     .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
+                    .map(Cow::Borrowed),
                 false,
             ),
-            Source::Path => (Some(parts.uri.path().to_owned()), false),
+            Source::Path => (Some(Cow::Borrowed(parts.uri.path())), false),
             Source::Route => (Some(route(parts)), false),
-            Source::Extension(f) => (f(&parts.extensions), false),
-            Source::Request(f) => (f(parts), false),
-            Source::FormField(name) => (inputs.fields.and_then(|f| f.form(name)), true),
-            Source::JsonField(name) => (inputs.fields.and_then(|f| f.json(name)), true),
-            Source::Constant(value) => (Some(value.clone()), false),
+            Source::Extension(f) => (f(&parts.extensions).map(Cow::Owned), false),
+            Source::Request(f) => (f(parts).map(Cow::Owned), false),
+            Source::FormField(name) => (
+                inputs.fields.and_then(|f| f.form(name)).map(Cow::Owned),
+                true,
+            ),
+            Source::JsonField(name) => (
+                inputs.fields.and_then(|f| f.json(name)).map(Cow::Owned),
+                true,
+            ),
+            Source::Constant(value) => (Some(Cow::Owned(value.clone())), false),
             Source::FirstOf(keys) => (keys.iter().find_map(|k| k.extract(inputs)), false),
             Source::Join(keys) => {
-                let values: Option<Vec<String>> = keys.iter().map(|k| k.extract(inputs)).collect();
-                (values.map(|v| v.join("|")), false)
+                let values: Option<Vec<Cow<'_, str>>> =
+                    keys.iter().map(|k| k.extract(inputs)).collect();
+                (values.map(|v| Cow::Owned(v.join("|"))), false)
             }
         };
         let value = match &self.map {
-            Some(map) => map(&value?),
+            Some(map) => Cow::Owned(map(&value?)),
             None => value?,
         };
-        Some(if hash { hashed(&value) } else { value })
+        Some(if hash {
+            Cow::Owned(hashed(&value))
+        } else {
+            value
+        })
     }
 }
 
@@ -208,12 +221,12 @@ impl fmt::Debug for Key {
     }
 }
 
-fn route(parts: &Parts) -> String {
+fn route(parts: &Parts) -> Cow<'_, str> {
     #[cfg(feature = "axum")]
     if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return matched.as_str().to_owned();
+        return Cow::Borrowed(matched.as_str());
     }
-    parts.uri.path().to_owned()
+    Cow::Borrowed(parts.uri.path())
 }
 
 /// The first 128 bits of SHA-256(`value`), in hex: a stable name that does not reveal a

@@ -39,6 +39,14 @@ pub(crate) trait DynLimiter: Send + Sync + 'static {
         selectors: &'a Selectors<'a>,
     ) -> BoxFuture<'a, Result<(), Error>>;
     fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>>;
+    /// `check` (or `peek`) without a future, when the store can answer at once.
+    fn try_now(
+        &self,
+        policy: &str,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        peek: bool,
+    ) -> Option<Result<Checked, Error>>;
 }
 
 impl<S: Store> DynLimiter for Limiter<S> {
@@ -67,6 +75,19 @@ impl<S: Store> DynLimiter for Limiter<S> {
     }
     fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
         Limiter::policy(self, name)
+    }
+    fn try_now(
+        &self,
+        policy: &str,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        peek: bool,
+    ) -> Option<Result<Checked, Error>> {
+        if peek {
+            Limiter::try_peek_now(self, policy, selectors, cost)
+        } else {
+            Limiter::try_check_now(self, policy, selectors, cost)
+        }
     }
 }
 

@@ -19,10 +19,11 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
     let peek = config.outcomes.is_some();
     let mut waited = Duration::ZERO;
     loop {
-        let result = if peek {
-            limiter.peek(&config.policy, ctx.selectors, 1).await
-        } else {
-            limiter.check(&config.policy, ctx.selectors, 1).await
+        // A store in this process answers at once: no future to allocate.
+        let result = match limiter.try_now(&config.policy, ctx.selectors, 1, peek) {
+            Some(result) => result,
+            None if peek => limiter.peek(&config.policy, ctx.selectors, 1).await,
+            None => limiter.check(&config.policy, ctx.selectors, 1).await,
         };
         let checked = match result {
             Ok(checked) => checked,

@@ -1,6 +1,7 @@
 //! One request through the layer: filters, keys, challenge answer, decision, the inner
 //! service, then the outcome count and the header fields.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use sluice_core::Decision;
+use smallvec::SmallVec;
 use tower_service::Service;
 
 use super::answer::answer;
@@ -86,30 +88,39 @@ where
     } else {
         (body, None)
     };
-    let client_key = client_ip.map(|ip| config.client_ip.key(ip));
+    let client_key = client_ip.map(|ip| config.client_ip.key_inline(ip));
     let inputs = Inputs {
         parts: &parts,
         client_key: client_key.as_deref(),
         fields: fields.as_ref(),
     };
-    let mut values = Vec::with_capacity(config.keys.len());
+    // Values borrow from the request where they can; on the stack for the usual few keys.
+    let mut values: SmallVec<[Cow<'_, str>; 4]> = SmallVec::new();
+    let mut skip = false;
     for (name, key) in &config.keys {
         match (key.extract(&inputs), config.when_missing) {
             (Some(value), _) => values.push(value),
-            (None, WhenMissing::Skip) => return pass(inner, parts, body).await,
+            (None, WhenMissing::Skip) => {
+                skip = true;
+                break;
+            }
             (None, WhenMissing::Reject) => {
                 let detail = format!("the request lacks a value for selector `{name}`");
                 let response = denied::plain_problem(StatusCode::BAD_REQUEST, &detail);
                 return Ok(response.map(ResponseBody::full));
             }
-            (None, _) => values.push(String::new()),
+            (None, _) => values.push(Cow::Borrowed("")),
         }
     }
-    let selectors: Vec<(&str, &str)> = config
+    if skip {
+        drop(values);
+        return pass(inner, parts, body).await;
+    }
+    let selectors: SmallVec<[(&str, &str); 4]> = config
         .keys
         .iter()
         .zip(&values)
-        .map(|((name, _), value)| (name.as_str(), value.as_str()))
+        .map(|((name, _), value)| (name.as_str(), &**value))
         .collect();
     let ctx = Ctx {
         config: &config,
@@ -121,14 +132,23 @@ where
         Before::Admit { decision, counted } => (decision, counted),
         Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
     };
+    // Counting by outcome needs the values after the request has gone to the inner service.
+    let kept: Option<Vec<String>> = (config.outcomes.is_some() && !counted)
+        .then(|| values.iter().map(|v| v.to_string()).collect());
+    drop(selectors);
+    drop(values);
 
     let response = inner.call(Request::from_parts(parts, body)).await?;
 
     let mut decision = decision;
-    if let Some(outcomes) = &config.outcomes
-        && !counted
-    {
+    if let (Some(outcomes), Some(kept)) = (&config.outcomes, &kept) {
         if outcomes.matches(response.status()) {
+            let selectors: Vec<(&str, &str)> = config
+                .keys
+                .iter()
+                .zip(kept)
+                .map(|((name, _), value)| (name.as_str(), value.as_str()))
+                .collect();
             match config.limiter.check(&config.policy, &selectors, 1).await {
                 Ok(checked) => decision = Some(checked.decision),
                 Err(error) => {
