@@ -16,11 +16,18 @@ pub const MAX_PLAIN_VALUE: usize = 64;
 
 /// Appends `value` to `out` as it appears in an identifier.
 pub fn push_value(out: &mut String, value: &str) {
-    let plain = !value.is_empty()
-        && value.len() <= MAX_PLAIN_VALUE
-        && !value.chars().any(|c| {
-            matches!(c, ':' | '+' | '{' | '}' | '#') || c.is_whitespace() || c.is_control()
-        });
+    let plain = !value.is_empty() && value.len() <= MAX_PLAIN_VALUE && {
+        // Bytes for the usual ASCII value; characters only when there is more to know.
+        if value.is_ascii() {
+            !value
+                .bytes()
+                .any(|b| matches!(b, b':' | b'+' | b'{' | b'}' | b'#') || !b.is_ascii_graphic())
+        } else {
+            !value.chars().any(|c| {
+                matches!(c, ':' | '+' | '{' | '}' | '#') || c.is_whitespace() || c.is_control()
+            })
+        }
+    };
     if plain {
         out.push_str(value);
     } else {
@@ -34,5 +41,101 @@ pub fn push_hashed(out: &mut String, value: &str) {
     out.push('#');
     for byte in &digest[..16] {
         let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// The identifiers of one check, in strings reused from one check to the next on the same
+/// thread: a check on a hot path allocates nothing for its identifiers once warm.
+#[derive(Default)]
+pub(crate) struct Identifiers {
+    strings: Vec<String>,
+    used: usize,
+}
+
+/// Strings longer than this are not kept for reuse, nor more than this many of them.
+const MAX_KEPT_CAPACITY: usize = 512;
+const MAX_KEPT_STRINGS: usize = 16;
+
+thread_local! {
+    /// Plain strings, not `Identifiers`: putting one back must not run its `Drop` again.
+    static SPARE: std::cell::Cell<Vec<String>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Identifiers {
+    /// This thread's spare buffer, or a new one.
+    pub(crate) fn take() -> Identifiers {
+        let strings = SPARE.try_with(|spare| spare.take()).unwrap_or_default();
+        Identifiers { strings, used: 0 }
+    }
+
+    /// A cleared string for the next identifier.
+    pub(crate) fn next(&mut self) -> &mut String {
+        if self.used == self.strings.len() {
+            self.strings.push(String::with_capacity(64));
+        }
+        let id = &mut self.strings[self.used];
+        id.clear();
+        self.used += 1;
+        id
+    }
+
+    pub(crate) fn as_slice(&self) -> &[String] {
+        &self.strings[..self.used]
+    }
+}
+
+impl Drop for Identifiers {
+    fn drop(&mut self) {
+        let mut strings = std::mem::take(&mut self.strings);
+        if strings.is_empty() {
+            return;
+        }
+        strings.truncate(MAX_KEPT_STRINGS);
+        strings.retain(|s| s.capacity() <= MAX_KEPT_CAPACITY);
+        // During thread teardown there is nowhere to keep them: they are freed.
+        let _ = SPARE.try_with(|spare| spare.set(strings));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifier_buffers_are_reused_and_may_overlap() {
+        let mut outer = Identifiers::take();
+        outer.next().push_str("a:1");
+        {
+            // A second check on the same thread while the first is alive (nested limiters).
+            let mut inner = Identifiers::take();
+            inner.next().push_str("b:2");
+            inner.next().push_str("b:3");
+            assert_eq!(inner.as_slice(), ["b:2", "b:3"]);
+        }
+        assert_eq!(outer.as_slice(), ["a:1"]);
+        drop(outer);
+        // The next check starts from cleared strings, whichever buffer it gets.
+        let mut next = Identifiers::take();
+        assert!(next.as_slice().is_empty());
+        assert_eq!(next.next(), "");
+    }
+
+    #[test]
+    fn plain_and_hashed_values() {
+        for (value, plain) in [
+            ("alice", true),
+            ("10.0.0.1", true),
+            ("", false),
+            ("a b", false),
+            ("a:b", false),
+            ("a\u{7f}", false),
+            ("tab\there", false),
+            ("é", true),
+            ("no\u{a0}break", false),
+        ] {
+            let mut out = String::new();
+            push_value(&mut out, value);
+            assert_eq!(out == value, plain, "{value:?} -> {out}");
+        }
     }
 }

@@ -11,7 +11,7 @@ use sluice_core::{Decision, Denial, Evaluation, Recording};
 
 use crate::clock::{Clock, SystemClock};
 use crate::failure::{Counters, FailureMode, LimiterStats, STORE_PAUSE};
-use crate::identifier::push_value;
+use crate::identifier::{Identifiers, push_value};
 use crate::memory::MemoryStore;
 use crate::near_cache::NearCache;
 use crate::policy::{CompiledPolicy, Policy, PolicyError};
@@ -334,17 +334,21 @@ impl<S: Store> Limiter<S> {
         cost: u64,
         recording: Recording,
     ) -> Result<Prepared, Error> {
-        let identifiers = policy
-            .leaves
-            .iter()
-            .map(|leaf| leaf_identifier(policy, leaf, selectors))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut identifiers = Identifiers::take();
+        for leaf in &policy.leaves {
+            write_leaf_identifier(identifiers.next(), policy, leaf, selectors)?;
+        }
         let penalty_identifier = penalty_identifier(policy, selectors)?;
         // Denials counted by the store must reach it, so count-denied policies skip the cache.
         let cached = self.near_cache.is_some() && recording == Recording::Admitted && cost > 0;
         if cached
             && let Some(cache) = &self.near_cache
-            && let Some(decision) = cache.get(policy.name(), &identifiers, cost, self.clock.now())
+            && let Some(decision) = cache.get(
+                policy.name(),
+                identifiers.as_slice(),
+                cost,
+                self.clock.now(),
+            )
         {
             Counters::bump(&self.counters.near_cache_hits);
             return Ok(Prepared::Answered(finish(policy, decision, true)));
@@ -388,7 +392,7 @@ impl<S: Store> Limiter<S> {
         {
             cache.remember(
                 policy.name(),
-                &ask.identifiers,
+                ask.identifiers.as_slice(),
                 hit.evaluation.cost,
                 &decision,
                 self.clock.now(),
@@ -447,7 +451,7 @@ enum Prepared {
 }
 
 struct Ask {
-    identifiers: Vec<String>,
+    identifiers: Identifiers,
     penalty_identifier: Option<String>,
     /// The near cache applies to this hit.
     cached: bool,
@@ -458,7 +462,7 @@ struct Ask {
 impl Ask {
     fn hit<'a>(&'a self, policy: &'a CompiledPolicy, cost: u64, recording: Recording) -> Hit<'a> {
         Hit {
-            identifiers: &self.identifiers,
+            identifiers: self.identifiers.as_slice(),
             evaluation: Evaluation {
                 shape: &policy.shape,
                 quotas: &policy.quotas,
@@ -519,16 +523,27 @@ fn leaf_identifier(
     selectors: &Selectors<'_>,
 ) -> Result<String, Error> {
     let mut id = String::with_capacity(leaf.prefix.len() + leaf.suffix.len() + 24);
+    write_leaf_identifier(&mut id, policy, leaf, selectors)?;
+    Ok(id)
+}
+
+/// Writes a leaf's identifier into `id` (empty).
+fn write_leaf_identifier(
+    id: &mut String,
+    policy: &CompiledPolicy,
+    leaf: &crate::policy::CompiledLeaf,
+    selectors: &Selectors<'_>,
+) -> Result<(), Error> {
     id.push_str(&leaf.prefix);
     push_values(
-        &mut id,
+        id,
         policy,
         leaf.leaf.selector.names(),
         leaf.tag_at,
         selectors,
     )?;
     id.push_str(&leaf.suffix);
-    Ok(id)
+    Ok(())
 }
 
 /// Appends the selector values for `names`, `+`-joined, with the one at `tag_at` wrapped in

@@ -157,21 +157,18 @@ impl ClientIpResolver {
                         out[len] = b'.';
                         len += 1;
                     }
-                    let digits = [octet / 100, octet / 10 % 10, octet % 10];
-                    let skip = if octet >= 100 {
-                        0
-                    } else if octet >= 10 {
-                        1
-                    } else {
-                        2
-                    };
-                    for digit in &digits[skip..] {
-                        out[len] = b'0' + digit;
+                    if octet >= 100 {
+                        out[len] = b'0' + octet / 100;
                         len += 1;
                     }
+                    if octet >= 10 {
+                        out[len] = b'0' + octet / 10 % 10;
+                        len += 1;
+                    }
+                    out[len] = b'0' + octet % 10;
+                    len += 1;
                 }
-                let text = std::str::from_utf8(&out[..len]).expect("ASCII digits and dots");
-                CompactString::new(text)
+                CompactString::from_utf8(&out[..len]).expect("ASCII digits and dots")
             }
             addr if net.prefix_len() == net.max_prefix_len() => {
                 compact_str::format_compact!("{addr}")

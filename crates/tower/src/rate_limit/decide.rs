@@ -12,6 +12,75 @@ use super::flow::{Before, Ctx};
 use crate::challenge::Verification;
 use crate::denied::{Denied, Reason};
 
+/// [`before`] without waiting, for the common case: no waiting mode, no challenge, and a
+/// store that answers at once. `None` when the async path is needed; nothing is recorded
+/// then.
+pub(super) fn before_now(ctx: &Ctx<'_>) -> Option<Before> {
+    let config = ctx.config;
+    if config.wait_up_to.is_some() || config.challenge.is_some() {
+        return None;
+    }
+    let limiter = &config.limiter;
+    let peek = config.outcomes.is_some();
+    let checked = match limiter.try_now(&config.policy, ctx.selectors, 1, peek)? {
+        Ok(checked) => checked,
+        Err(error) => return Some(failed(ctx, &error)),
+    };
+    if checked.decision.allowed {
+        return Some(admit(ctx, checked, peek));
+    }
+    let Some(reason) = Reason::of(&checked.decision) else {
+        return Some(unavailable(ctx, &checked.decision));
+    };
+    if peek && reason == Reason::Limited {
+        // The store answered the peek at once, so it answers the count at once too.
+        let counted = limiter.try_now(&config.policy, ctx.selectors, 1, false);
+        return Some(match count_refused(ctx, checked.decision, counted) {
+            Ok(admitted) => admitted,
+            Err(decision) => refuse_with(ctx, decision, true, None, None),
+        });
+    }
+    Some(refuse_with(ctx, checked.decision, !peek, None, None))
+}
+
+/// An admitted hit: feeds the header fields, tells the audit hook about a shadow denial.
+fn admit(ctx: &Ctx<'_>, checked: sluice_limiter::Checked, peek: bool) -> Before {
+    if checked.shadow_denied {
+        shadow_denied(ctx, &checked.decision);
+    }
+    Before::Admit {
+        decision: Some(checked.decision),
+        counted: !peek,
+    }
+}
+
+/// After a peek found the limit reached: what counting the refused attempt (`counted`)
+/// says. `Ok` when the count was admitted after all (time passed), else the decision to
+/// refuse with. A peek never strikes the penalty box, so the attempt is counted: repeated
+/// abuse meets timeouts that double.
+fn count_refused(
+    ctx: &Ctx<'_>,
+    peeked: Decision,
+    counted: Option<Result<sluice_limiter::Checked, sluice_limiter::Error>>,
+) -> Result<Before, Decision> {
+    match counted {
+        Some(Ok(checked)) if checked.decision.allowed => Ok(Before::Admit {
+            decision: Some(checked.decision),
+            counted: true,
+        }),
+        Some(Ok(checked)) if Reason::of(&checked.decision).is_some() => Err(checked.decision),
+        Some(Ok(_)) => Err(peeked),
+        Some(Err(error)) => {
+            tracing::warn!(policy = %ctx.config.policy, %error, "could not count a refused attempt");
+            Err(peeked)
+        }
+        None => {
+            tracing::warn!(policy = %ctx.config.policy, "could not count a refused attempt: the store did not answer at once");
+            Err(peeked)
+        }
+    }
+}
+
 pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
     let config = ctx.config;
     let limiter = &config.limiter;
@@ -30,13 +99,7 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
             Err(error) => return failed(ctx, &error),
         };
         if checked.decision.allowed {
-            if checked.shadow_denied {
-                shadow_denied(ctx, &checked.decision);
-            }
-            return Before::Admit {
-                decision: Some(checked.decision),
-                counted: !peek,
-            };
+            return admit(ctx, checked, peek);
         }
         if let (Some(max), Some(wait)) = (config.wait_up_to, checked.decision.retry_after)
             && waited + wait <= max
@@ -62,22 +125,10 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
         let mut decision = checked.decision;
         let mut counted = !peek;
         if peek && reason == Reason::Limited {
-            // A peek never strikes the penalty box: count the refused attempt, so repeated
-            // abuse meets timeouts that double.
-            match limiter.check(&config.policy, ctx.selectors, 1).await {
-                Ok(checked) if checked.decision.allowed => {
-                    return Before::Admit {
-                        decision: Some(checked.decision),
-                        counted: true,
-                    };
-                }
-                Ok(checked) if Reason::of(&checked.decision).is_some() => {
-                    decision = checked.decision;
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(policy = %config.policy, %error, "could not count a refused attempt");
-                }
+            let result = limiter.check(&config.policy, ctx.selectors, 1).await;
+            match count_refused(ctx, decision, Some(result)) {
+                Ok(admitted) => return admitted,
+                Err(refused) => decision = refused,
             }
             counted = true;
         }
@@ -93,6 +144,25 @@ async fn refuse(
     challenge_error: Option<String>,
 ) -> Before {
     let config = ctx.config;
+    let reason = Reason::of(&decision).unwrap_or(Reason::Limited);
+    let offer = match &config.challenge {
+        Some(challenge) if !config.shadow && reason != Reason::CostExceedsCapacity => {
+            offer(ctx, challenge).await
+        }
+        _ => None,
+    };
+    refuse_with(ctx, decision, counted, challenge_error, offer)
+}
+
+/// [`refuse`] once the challenge offer, if any, is made.
+fn refuse_with(
+    ctx: &Ctx<'_>,
+    decision: Decision,
+    counted: bool,
+    challenge_error: Option<String>,
+    offer: Option<crate::challenge::Offer>,
+) -> Before {
+    let config = ctx.config;
     if config.shadow {
         shadow_denied(ctx, &decision);
         return Before::Admit {
@@ -101,10 +171,6 @@ async fn refuse(
         };
     }
     let reason = Reason::of(&decision).unwrap_or(Reason::Limited);
-    let offer = match &config.challenge {
-        Some(challenge) if reason != Reason::CostExceedsCapacity => offer(ctx, challenge).await,
-        _ => None,
-    };
     Stats::bump(&config.stats.denied);
     Before::Answer(answer(
         ctx,

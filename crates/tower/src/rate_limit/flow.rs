@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use compact_str::CompactString;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use sluice_core::Decision;
@@ -14,7 +15,7 @@ use tower_service::Service;
 
 use super::answer::answer;
 use super::config::{Config, Stats, WhenMissing};
-use super::decide::before;
+use super::decide::{before, before_now};
 use super::future::ResponseBody;
 use crate::denied::{self, Reason};
 use crate::filter::Admission;
@@ -53,9 +54,174 @@ where
     ReqBody: http_body::Body + 'static,
     ReqBody::Error: Into<BoxError>,
 {
+    // The usual request is decided without awaiting anything; the rest (body keys, remote
+    // stores, waiting, challenges) goes through `slow`, boxed so that its state does not
+    // weigh on every request's future.
+    let (request, admitted) = match prepare(&config, request) {
+        Step::Pass(request) => (request, None),
+        Step::Answer(response) => return Ok(response.map(ResponseBody::full)),
+        Step::Slow(request) => {
+            // Bound first: a temporary would keep its space in this future's state.
+            let slow = Box::pin(slow(config, inner, request));
+            return slow.await;
+        }
+        Step::Admit(admitted) => (admitted.request, Some((admitted.decision, admitted.kept))),
+    };
+    let response = inner.call(request).await?;
+    Ok(match admitted {
+        None => response.map(ResponseBody::inner),
+        Some((decision, kept)) => match finish_now(&config, decision, kept, response) {
+            Ok(response) => response,
+            Err(unfinished) => {
+                let later = Box::pin(finish_later(&config, unfinished));
+                later.await
+            }
+        },
+    })
+}
+
+/// What [`prepare`] found.
+enum Step<B> {
+    Pass(Request<B>),
+    Answer(Response<Bytes>),
+    /// Needs the async path; nothing is recorded yet.
+    Slow(Request<B>),
+    Admit(Admitted<B>),
+}
+
+struct Admitted<B> {
+    /// The request to pass on (with `ClientIp` added).
+    request: Request<B>,
+    decision: Option<Decision>,
+    /// The key values, for counting the outcome once the response is known.
+    kept: Option<Vec<String>>,
+}
+
+/// Filters, keys and the decision, when none of them has to wait.
+fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
+    if config.needs_body {
+        return Step::Slow(request);
+    }
     let (mut parts, body) = request.into_parts();
-    if !config.filters.selects(&parts) {
-        return pass(inner, parts, body).await;
+    let (client_ip, client_key) = match prefix(config, &mut parts) {
+        Prefix::Pass => return Step::Pass(Request::from_parts(parts, body)),
+        Prefix::Answer(response) => return Step::Answer(response),
+        Prefix::Keys(ip, key) => (ip, key),
+    };
+    let inputs = Inputs {
+        parts: &parts,
+        client_key: client_key.as_deref(),
+        fields: None,
+    };
+    let mut values = Values::new();
+    if let Err(missing) = fill_values(config, &inputs, &mut values) {
+        drop(values);
+        return match missing {
+            Missing::Skip => Step::Pass(Request::from_parts(parts, body)),
+            Missing::Answer(response) => Step::Answer(*response),
+        };
+    }
+    let selectors = selectors(config, &values);
+    let ctx = Ctx {
+        config,
+        parts: &parts,
+        client_ip,
+        selectors: &selectors,
+    };
+    let decided = before_now(&ctx);
+    let kept = match &decided {
+        Some(Before::Admit { counted, .. }) => keep(config, *counted, &values),
+        _ => None,
+    };
+    drop(selectors);
+    drop(values);
+    match decided {
+        None => Step::Slow(Request::from_parts(parts, body)),
+        Some(Before::Answer(response)) => Step::Answer(response),
+        Some(Before::Admit { decision, .. }) => Step::Admit(Admitted {
+            request: Request::from_parts(parts, body),
+            decision,
+            kept,
+        }),
+    }
+}
+
+/// The whole flow, any part of which may wait.
+async fn slow<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: http_body::Body + 'static,
+    ReqBody::Error: Into<BoxError>,
+{
+    let (mut parts, body) = request.into_parts();
+    let (client_ip, client_key) = match prefix(&config, &mut parts) {
+        Prefix::Pass => return pass(inner, Request::from_parts(parts, body)).await,
+        Prefix::Answer(response) => return Ok(response.map(ResponseBody::full)),
+        Prefix::Keys(ip, key) => (ip, key),
+    };
+    let (body, fields) = if config.needs_body {
+        match read_fields(&config, &parts, body).await {
+            Ok((body, fields)) => (body, Some(fields)),
+            Err(response) => return Ok(response.map(ResponseBody::full)),
+        }
+    } else {
+        (body, None)
+    };
+    let inputs = Inputs {
+        parts: &parts,
+        client_key: client_key.as_deref(),
+        fields: fields.as_ref(),
+    };
+    let mut values = Values::new();
+    if let Err(missing) = fill_values(&config, &inputs, &mut values) {
+        drop(values);
+        return match missing {
+            Missing::Skip => pass(inner, Request::from_parts(parts, body)).await,
+            Missing::Answer(response) => Ok(response.map(ResponseBody::full)),
+        };
+    }
+    let selectors = selectors(&config, &values);
+    let ctx = Ctx {
+        config: &config,
+        parts: &parts,
+        client_ip,
+        selectors: &selectors,
+    };
+    let before = match before_now(&ctx) {
+        Some(before) => before,
+        None => before(&ctx).await,
+    };
+    let (decision, counted) = match before {
+        Before::Admit { decision, counted } => (decision, counted),
+        Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
+    };
+    let kept = keep(&config, counted, &values);
+    drop(selectors);
+    drop(values);
+    let response = call(inner, Request::from_parts(parts, body)).await?;
+    Ok(match finish_now(&config, decision, kept, response) {
+        Ok(response) => response,
+        Err(unfinished) => finish_later(&config, unfinished).await,
+    })
+}
+
+/// What the filters and the client address say before any key is read.
+enum Prefix {
+    Pass,
+    Answer(Response<Bytes>),
+    /// The client address (when a key or a filter needs it) and its key form.
+    Keys(Option<IpAddr>, Option<CompactString>),
+}
+
+/// The method and route filters, the client address (also left in the request for the
+/// handlers), and the address filters.
+fn prefix(config: &Config, parts: &mut Parts) -> Prefix {
+    if !config.filters.selects(parts) {
+        return Prefix::Pass;
     }
     let client_ip = if config.needs_client_ip {
         peer_addr(&parts.extensions).map(|peer| config.client_ip.resolve(peer.ip(), &parts.headers))
@@ -66,94 +232,110 @@ where
         parts.extensions.insert(ClientIp(ip));
     }
     match config.filters.admission(client_ip) {
-        Admission::Pass => return pass(inner, parts, body).await,
+        Admission::Pass => Prefix::Pass,
         Admission::Forbid => {
             let ctx = Ctx {
-                config: &config,
-                parts: &parts,
+                config,
+                parts,
                 client_ip,
                 selectors: &[],
             };
             Stats::bump(&config.stats.deny_listed);
-            let response = answer(&ctx, Reason::DenyListed, None, None, None);
-            return Ok(response.map(ResponseBody::full));
+            Prefix::Answer(answer(&ctx, Reason::DenyListed, None, None, None))
         }
-        Admission::Limit => {}
+        Admission::Limit => Prefix::Keys(
+            client_ip,
+            client_ip.map(|ip| config.client_ip.key_inline(ip)),
+        ),
     }
-    let (body, fields) = if config.needs_body {
-        match read_fields(&config, &parts, body).await {
-            Ok((body, fields)) => (body, Some(fields)),
-            Err(response) => return Ok(response.map(ResponseBody::full)),
-        }
-    } else {
-        (body, None)
-    };
-    let client_key = client_ip.map(|ip| config.client_ip.key_inline(ip));
-    let inputs = Inputs {
-        parts: &parts,
-        client_key: client_key.as_deref(),
-        fields: fields.as_ref(),
-    };
-    // Values borrow from the request where they can; on the stack for the usual few keys.
-    let mut values: SmallVec<[Cow<'_, str>; 4]> = SmallVec::new();
-    let mut skip = false;
+}
+
+/// A request without a value for some key, when the layer does not limit it as empty.
+enum Missing {
+    Skip,
+    /// Boxed: a rare answer should not make every call's result large.
+    Answer(Box<Response<Bytes>>),
+}
+
+type Values<'a> = SmallVec<[Cow<'a, str>; 4]>;
+
+/// The value of every key into `values`, borrowed from the request where it can be; on the
+/// stack for the usual few keys.
+fn fill_values<'a>(
+    config: &Config,
+    inputs: &Inputs<'a>,
+    values: &mut Values<'a>,
+) -> Result<(), Missing> {
     for (name, key) in &config.keys {
-        match (key.extract(&inputs), config.when_missing) {
+        match (key.extract(inputs), config.when_missing) {
             (Some(value), _) => values.push(value),
-            (None, WhenMissing::Skip) => {
-                skip = true;
-                break;
-            }
+            (None, WhenMissing::Skip) => return Err(Missing::Skip),
             (None, WhenMissing::Reject) => {
                 let detail = format!("the request lacks a value for selector `{name}`");
-                let response = denied::plain_problem(StatusCode::BAD_REQUEST, &detail);
-                return Ok(response.map(ResponseBody::full));
+                return Err(Missing::Answer(Box::new(denied::plain_problem(
+                    StatusCode::BAD_REQUEST,
+                    &detail,
+                ))));
             }
             (None, _) => values.push(Cow::Borrowed("")),
         }
     }
-    if skip {
-        drop(values);
-        return pass(inner, parts, body).await;
-    }
-    let selectors: SmallVec<[(&str, &str); 4]> = config
+    Ok(())
+}
+
+fn selectors<'a>(config: &'a Config, values: &'a Values<'_>) -> SmallVec<[(&'a str, &'a str); 4]> {
+    config
         .keys
         .iter()
-        .zip(&values)
+        .zip(values)
         .map(|((name, _), value)| (name.as_str(), &**value))
-        .collect();
-    let ctx = Ctx {
-        config: &config,
-        parts: &parts,
-        client_ip,
-        selectors: &selectors,
-    };
-    let (decision, counted) = match before(&ctx).await {
-        Before::Admit { decision, counted } => (decision, counted),
-        Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
-    };
-    // Counting by outcome needs the values after the request has gone to the inner service.
-    let kept: Option<Vec<String>> = (config.outcomes.is_some() && !counted)
-        .then(|| values.iter().map(|v| v.to_string()).collect());
-    drop(selectors);
-    drop(values);
+        .collect()
+}
 
-    let response = inner.call(Request::from_parts(parts, body)).await?;
+/// Counting by outcome needs the values after the request has gone to the inner service.
+fn keep(config: &Config, counted: bool, values: &Values<'_>) -> Option<Vec<String>> {
+    (config.outcomes.is_some() && !counted).then(|| values.iter().map(|v| v.to_string()).collect())
+}
 
-    let mut decision = decision;
-    if let (Some(outcomes), Some(kept)) = (&config.outcomes, &kept) {
+async fn call<S, ReqBody, ResBody>(
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    inner.call(request).await
+}
+
+/// A response waiting for its outcome to be counted by a store that must be awaited.
+struct Unfinished<B> {
+    decision: Option<Decision>,
+    kept: Vec<String>,
+    response: Response<B>,
+}
+
+/// The outcome count (when counting by outcome) and the header fields, when the count
+/// needs no waiting; otherwise hands back what [`finish_later`] needs.
+fn finish_now<B>(
+    config: &Config,
+    mut decision: Option<Decision>,
+    kept: Option<Vec<String>>,
+    response: Response<B>,
+) -> Result<Response<ResponseBody<B>>, Box<Unfinished<B>>> {
+    if let (Some(outcomes), Some(kept)) = (&config.outcomes, kept) {
         if outcomes.matches(response.status()) {
-            let selectors: Vec<(&str, &str)> = config
-                .keys
-                .iter()
-                .zip(kept)
-                .map(|((name, _), value)| (name.as_str(), value.as_str()))
-                .collect();
-            match config.limiter.check(&config.policy, &selectors, 1).await {
-                Ok(checked) => decision = Some(checked.decision),
-                Err(error) => {
-                    tracing::warn!(policy = %config.policy, %error, "could not count an outcome");
-                    Stats::bump(&config.stats.outcome_unrecorded);
+            let result =
+                config
+                    .limiter
+                    .try_now(&config.policy, &outcome_selectors(config, &kept), 1, false);
+            match result {
+                Some(result) => counted_outcome(config, &mut decision, result),
+                None => {
+                    return Err(Box::new(Unfinished {
+                        decision,
+                        kept,
+                        response,
+                    }));
                 }
             }
         } else if let Some(d) = &mut decision {
@@ -161,26 +343,73 @@ where
             d.remaining = (d.remaining + 1).min(d.limit);
         }
     }
+    Ok(decorate(config, decision.as_ref(), response))
+}
+
+/// [`finish_now`] for a store that must be awaited.
+async fn finish_later<B>(
+    config: &Config,
+    unfinished: Box<Unfinished<B>>,
+) -> Response<ResponseBody<B>> {
+    let Unfinished {
+        mut decision,
+        kept,
+        response,
+    } = *unfinished;
+    let selectors = outcome_selectors(config, &kept);
+    let result = config.limiter.check(&config.policy, &selectors, 1).await;
+    counted_outcome(config, &mut decision, result);
+    decorate(config, decision.as_ref(), response)
+}
+
+fn outcome_selectors<'a>(config: &'a Config, kept: &'a [String]) -> Vec<(&'a str, &'a str)> {
+    config
+        .keys
+        .iter()
+        .zip(kept)
+        .map(|((name, _), value)| (name.as_str(), value.as_str()))
+        .collect()
+}
+
+fn counted_outcome(
+    config: &Config,
+    decision: &mut Option<Decision>,
+    result: Result<sluice_limiter::Checked, sluice_limiter::Error>,
+) {
+    match result {
+        Ok(checked) => *decision = Some(checked.decision),
+        Err(error) => {
+            tracing::warn!(policy = %config.policy, %error, "could not count an outcome");
+            Stats::bump(&config.stats.outcome_unrecorded);
+        }
+    }
+}
+
+/// The header fields, unless the layer is in shadow mode.
+fn decorate<B>(
+    config: &Config,
+    decision: Option<&Decision>,
+    response: Response<B>,
+) -> Response<ResponseBody<B>> {
     let (mut head, body) = response.into_parts();
-    if let Some(decision) = &decision
+    if let Some(decision) = decision
         && !config.shadow
     {
         config
             .fields
             .apply(&mut head.headers, decision, false, config.headers);
     }
-    Ok(Response::from_parts(head, ResponseBody::inner(body)))
+    Response::from_parts(head, ResponseBody::inner(body))
 }
 
 async fn pass<S, ReqBody, ResBody>(
     mut inner: S,
-    parts: Parts,
-    body: ReqBody,
+    request: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    let response = inner.call(Request::from_parts(parts, body)).await?;
+    let response = inner.call(request).await?;
     Ok(response.map(ResponseBody::inner))
 }
 
