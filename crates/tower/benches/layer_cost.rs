@@ -1,7 +1,9 @@
 //! The layer's own CPU cost per request, without a network: the same trivial axum app called
 //! directly, with and without `RateLimitLayer` (memory store, one limit keyed by client IP
 //! that never refuses), on 1 and 2 threads (2 threads share the layer and its one counter, as
-//! a server's workers do, so what they contend on shows).
+//! a server's workers do, so what they contend on shows). The layer wraps the router, with
+//! its default fields, all five and none; `default_per_route` applies it with
+//! `Router::layer` instead (axum then clones and boxes per route on its behalf).
 //!
 //! `cargo bench -p sluice-tower --bench layer_cost` prints one line per variant:
 //! `variant=default_threads_1 ns_per_request=X bare_ns=Y added_ns=X-Y`, medians of
@@ -128,22 +130,43 @@ fn main() {
     };
     for &threads in threads {
         for (name, headers) in variants {
-            let limited = app().layer(layer(headers));
-            let plain = app();
-            round(&limited, threads, calls);
-            round(&plain, threads, calls);
-            let (mut with, mut without) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                with.push(round(&limited, threads, calls));
-                without.push(round(&plain, threads, calls));
-            }
-            let (with, without) = (median(with), median(without));
-            let added_allocations = allocations(&limited) - allocations(&plain);
-            println!(
-                "variant={name}_threads_{threads} ns_per_request={with:.0} bare_ns={without:.0} \
-                 added_ns={:.0} added_allocations={added_allocations:.1}",
-                with - without
-            );
+            let limited = tower::Layer::layer(&layer(headers), app());
+            compare(name, threads, rounds, calls, &limited, &app());
         }
+        let per_route = app().layer(layer(Headers::default()));
+        compare(
+            "default_per_route",
+            threads,
+            rounds,
+            calls,
+            &per_route,
+            &app(),
+        );
     }
+}
+
+/// Times `limited` against `plain` in alternating rounds and prints one line.
+fn compare<L, P>(name: &str, threads: usize, rounds: usize, calls: usize, limited: &L, plain: &P)
+where
+    L: Service<Request<Body>> + Clone + Send,
+    L::Error: std::fmt::Debug,
+    L::Future: Send,
+    P: Service<Request<Body>> + Clone + Send,
+    P::Error: std::fmt::Debug,
+    P::Future: Send,
+{
+    round(limited, threads, calls);
+    round(plain, threads, calls);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        with.push(round(limited, threads, calls));
+        without.push(round(plain, threads, calls));
+    }
+    let (with, without) = (median(with), median(without));
+    let added_allocations = allocations(limited) - allocations(plain);
+    println!(
+        "variant={name}_threads_{threads} ns_per_request={with:.0} bare_ns={without:.0} \
+         added_ns={:.0} added_allocations={added_allocations:.1}",
+        with - without
+    );
 }

@@ -12,11 +12,12 @@
 # has a core of its own and its throughput is what it can do, not how the scheduler shares
 # two cores between four busy threads. PIN=0 runs both unpinned on every core (wrk -t2).
 #
-# The layer runs as configured by default (it sends `RateLimit-Policy` and `RateLimit` on
-# every response). On stderr: each round, the same layer sending all five fields (with the
-# X-RateLimit trio) and none (what the limiter itself costs), and the server's CPU time per
-# request (steadier than throughput on a machine shared with other work; wrk runs on the
-# same cores, so every byte of header it parses costs the server throughput too).
+# `with_layer` is the layer as configured by default (it sends `RateLimit-Policy` and
+# `RateLimit` on every response), wrapped around the router as a limit on every request is
+# applied. `with_layer_per_route` is the same layer applied with `Router::layer`, which makes
+# axum box and clone each route's service per request on the layer's behalf. On stderr: each
+# round, the same layer sending all five fields (with the X-RateLimit trio) and none (what
+# the limiter itself costs), the per-route form, and the server's CPU time per request.
 #
 # ROUNDS and DURATION override the defaults. Installs wrk from Debian when missing.
 set -euo pipefail
@@ -49,7 +50,7 @@ log=$(mktemp)
 server=$!
 trap 'kill "$server" 2>/dev/null || true; rm -f "$log"' EXIT
 
-targets=(with_layer with_layer_all_fields with_layer_no_fields without_layer)
+targets=(with_layer with_layer_all_fields with_layer_no_fields with_layer_per_route without_layer)
 for _ in $(seq 100); do
     [[ $(wc -l <"$log") -ge ${#targets[@]} ]] && break
     sleep 0.1
@@ -108,12 +109,13 @@ for t in "${targets[@]}"; do
     mc[$t]=$(tr ' ' '\n' <<<"${cpu[$t]}" | grep . | median)
 done
 loss() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f%%", (1 - a / b) * 100}'; }
-for t in with_layer_all_fields with_layer_no_fields; do
+for t in with_layer_all_fields with_layer_no_fields with_layer_per_route; do
     echo "$t: rps=$(printf '%.0f' "${m[$t]}") loss=$(loss "${m[$t]}" "${m[without_layer]}")" >&2
 done
 echo "server CPU per request (us): with_layer=${mc[with_layer]}" \
     "with_layer_all_fields=${mc[with_layer_all_fields]}" \
-    "with_layer_no_fields=${mc[with_layer_no_fields]} without_layer=${mc[without_layer]}" >&2
+    "with_layer_no_fields=${mc[with_layer_no_fields]}" \
+    "with_layer_per_route=${mc[with_layer_per_route]} without_layer=${mc[without_layer]}" >&2
 ratio=$(tr ' ' '\n' <<<"$ratios" | grep . | median)
 echo "per-round with/without ratios: $ratios(median $ratio)" >&2
 echo "with_layer_rps=$(printf '%.0f' "${m[with_layer]}")" \

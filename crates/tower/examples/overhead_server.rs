@@ -1,31 +1,57 @@
-//! The benchmark's server: one trivial axum app served on four ports: behind
+//! The benchmark's server: one trivial axum app served on five ports: behind
 //! `RateLimitLayer` as configured by default (memory store, a limit keyed by client IP that
-//! never refuses), behind the same layer sending every header field, and sending none (the
-//! limiter's own cost), and without the layer. `benches/overhead.sh` drives them with wrk.
+//! never refuses) wrapped around the router, as a limit on every request is applied; behind
+//! the same layer sending every header field, and sending none (the limiter's own cost);
+//! behind the layer applied with `Router::layer`, which wraps each route (axum then boxes
+//! and clones per request on the layer's behalf, as it does for any layer applied so); and
+//! without the layer. `benches/overhead.sh` drives them with wrk.
 //!
 //! Prints one `NAME http://ADDR` line per port once all are bound: `with_layer`,
-//! `with_layer_all_fields`, `with_layer_no_fields`, `without_layer`.
+//! `with_layer_all_fields`, `with_layer_no_fields`, `with_layer_per_route`, `without_layer`.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::ServiceExt;
+use axum::body::Body;
+use axum::extract::Request;
 use axum::routing::get;
 use sluice_limiter::{Limiter, MemoryStore, Policy};
 use sluice_tower::{Headers, Key, RateLimitLayer};
+use tokio::net::TcpListener;
+use tower::Layer;
 
 fn app() -> Router {
     Router::new().route("/", get(|| async { "hello\n" }))
 }
 
-async fn serve(name: &str, app: Router) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+async fn bind(name: &str) -> TcpListener {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     println!("{name} http://{}", listener.local_addr().expect("addr"));
+    listener
+}
+
+type Served = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// `app` as axum serves a router, with the peer address for the client-IP key.
+async fn serve(name: &str, app: Router) -> Served {
+    let listener = bind(name).await;
     let app = app.into_make_service_with_connect_info::<SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, app).await })
+}
+
+/// `app` behind `layer`, wrapped around the whole router (the body mapped back to axum's,
+/// which `axum::serve` wants).
+async fn serve_around(name: &str, app: Router, layer: RateLimitLayer) -> Served {
+    let listener = bind(name).await;
+    let service = tower::util::MapResponseLayer::new(|response: axum::http::Response<_>| {
+        response.map(Body::new)
+    })
+    .layer(layer.layer(app));
+    let make = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(service);
+    tokio::spawn(async move { axum::serve(listener, make).await })
 }
 
 #[tokio::main]
@@ -44,9 +70,14 @@ async fn main() {
             .expect("layer")
     };
     let servers = [
-        serve("with_layer", app().layer(layer(Headers::default()))).await,
-        serve("with_layer_all_fields", app().layer(layer(Headers::ALL))).await,
-        serve("with_layer_no_fields", app().layer(layer(Headers::NONE))).await,
+        serve_around("with_layer", app(), layer(Headers::default())).await,
+        serve_around("with_layer_all_fields", app(), layer(Headers::ALL)).await,
+        serve_around("with_layer_no_fields", app(), layer(Headers::NONE)).await,
+        serve(
+            "with_layer_per_route",
+            app().layer(layer(Headers::default())),
+        )
+        .await,
         serve("without_layer", app()).await,
     ];
     let _ = std::io::stdout().flush();

@@ -179,16 +179,34 @@ fn static_value(text: &str) -> HeaderValue {
     HeaderValue::from_static(text)
 }
 
+/// "00" to "99": decimal digits two at a time.
+const PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        pairs[2 * i] = b'0' + (i / 10) as u8;
+        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    pairs
+};
+
 fn push_decimal(out: &mut SmallVec<[u8; 96]>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        i -= 2;
+        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[i] = b'0' + n as u8;
     }
     out.extend_from_slice(&digits[i..]);
 }
@@ -249,7 +267,14 @@ mod tests {
 
     #[test]
     fn integers_from_the_table_and_beyond_it() {
-        for n in [0, 1, 9, 10, 4095, 4096, 123_456_789_012, u64::MAX] {
+        let powers = (0..20).flat_map(|e| {
+            let p = 10u64.pow(e);
+            [p - 1, p, p + 1]
+        });
+        let samples = [0, 4095, 4096, 123_456_789_012, u64::MAX]
+            .into_iter()
+            .chain(powers);
+        for n in samples.chain(0..20_000) {
             assert_eq!(integer(n), HeaderValue::from(n));
             let mut text = SmallVec::new();
             push_decimal(&mut text, n);

@@ -149,16 +149,28 @@ async fn a_spoofed_header_does_not_escape_the_limit() {
 }
 
 #[tokio::test]
-async fn handlers_see_the_resolved_client() {
-    let app = app(ip_layer(
-        ClientIpResolver::new().trust(["10.0.0.0/8".parse().unwrap()]),
-    ));
-    let request = from("10.0.0.1:5000", "GET", "/whoami")
-        .header("x-forwarded-for", "198.51.100.7")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let answer = send(&app, request).await;
+async fn handlers_see_the_resolved_client_when_asked() {
+    let whoami = || {
+        from("10.0.0.1:5000", "GET", "/whoami")
+            .header("x-forwarded-for", "198.51.100.7")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let trusted = || ClientIpResolver::new().trust(["10.0.0.0/8".parse().unwrap()]);
+    let limiter = limiter(&clock(), vec![Policy::new("web", "ip:10/m").unwrap()]);
+    let layer = |insert: bool| {
+        RateLimitLayer::builder(limiter.clone(), "web")
+            .selector("ip", Key::client_ip())
+            .client_ip(trusted())
+            .client_ip_extension(insert)
+            .build()
+            .unwrap()
+    };
+    let answer = send(&app(layer(true)), whoami()).await;
     assert_eq!((answer.status, answer.body.as_str()), (200, "198.51.100.7"));
+    // Not asked for: the handler's extractor finds nothing (axum answers 500).
+    let answer = send(&app(layer(false)), whoami()).await;
+    assert_eq!(answer.status, 500);
 }
 
 #[test]

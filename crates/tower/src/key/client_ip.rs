@@ -20,8 +20,9 @@ const MAX_HOPS: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// The resolved client address. The layer inserts it into the request's extensions, so
-/// handlers can log the same address the limit was keyed on.
+/// The resolved client address. The layer inserts it into the request's extensions when
+/// built with `client_ip_extension(true)`, so handlers can log the same address the limit
+/// was keyed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientIp(pub IpAddr);
 

@@ -179,6 +179,8 @@ pub(crate) struct Config {
     pub needs_body: bool,
     pub needs_client_ip: bool,
     pub client_ip: ClientIpResolver,
+    /// Leave the resolved address in the request's extensions.
+    pub client_ip_extension: bool,
     pub filters: Filters,
     pub shadow: bool,
     pub outcomes: Option<Outcomes>,

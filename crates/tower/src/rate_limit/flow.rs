@@ -217,8 +217,8 @@ enum Prefix {
     Keys(Option<IpAddr>, Option<CompactString>),
 }
 
-/// The method and route filters, the client address (also left in the request for the
-/// handlers), and the address filters.
+/// The method and route filters, the client address (left in the request for the handlers
+/// when asked), and the address filters.
 fn prefix(config: &Config, parts: &mut Parts) -> Prefix {
     if !config.filters.selects(parts) {
         return Prefix::Pass;
@@ -228,7 +228,9 @@ fn prefix(config: &Config, parts: &mut Parts) -> Prefix {
     } else {
         None
     };
-    if let Some(ip) = client_ip {
+    if let Some(ip) = client_ip
+        && config.client_ip_extension
+    {
         parts.extensions.insert(ClientIp(ip));
     }
     match config.filters.admission(client_ip) {

@@ -47,6 +47,7 @@ impl RateLimitLayer {
             policy: policy.to_owned(),
             keys: Vec::new(),
             client_ip: ClientIpResolver::new(),
+            client_ip_extension: false,
             filters: Filters::default(),
             shadow: false,
             outcomes: None,
@@ -81,6 +82,7 @@ pub struct RateLimitLayerBuilder {
     policy: String,
     keys: Vec<(String, Key)>,
     client_ip: ClientIpResolver,
+    client_ip_extension: bool,
     filters: Filters,
     shadow: bool,
     outcomes: Option<Outcomes>,
@@ -105,6 +107,15 @@ impl RateLimitLayerBuilder {
     /// How the client address is found (trusted proxies, IPv6 grouping).
     pub fn client_ip(mut self, resolver: ClientIpResolver) -> Self {
         self.client_ip = resolver;
+        self
+    }
+
+    /// Leaves the resolved client address in the request's extensions as
+    /// [`ClientIp`](crate::ClientIp), so handlers can log the address the limit was keyed on.
+    /// Off by default: it costs an allocation per request (and often makes the extensions map
+    /// grow), which an app that does not read it should not pay.
+    pub fn client_ip_extension(mut self, insert: bool) -> Self {
+        self.client_ip_extension = insert;
         self
     }
 
@@ -238,8 +249,9 @@ impl RateLimitLayerBuilder {
             }
             None => None,
         };
-        let needs_client_ip =
-            self.filters.needs_client_ip() || self.keys.iter().any(|(_, k)| k.needs_client_ip());
+        let needs_client_ip = self.client_ip_extension
+            || self.filters.needs_client_ip()
+            || self.keys.iter().any(|(_, k)| k.needs_client_ip());
         let config = Config {
             fields: PolicyFields::new(&policy),
             needs_body: self.keys.iter().any(|(_, k)| k.needs_body()),
@@ -248,6 +260,7 @@ impl RateLimitLayerBuilder {
             policy: self.policy,
             keys: self.keys,
             client_ip: self.client_ip,
+            client_ip_extension: self.client_ip_extension,
             filters: self.filters,
             shadow: self.shadow,
             outcomes: self.outcomes,
