@@ -44,44 +44,8 @@ pub(super) enum Before {
     Answer(Response<Bytes>),
 }
 
-pub(crate) async fn handle<S, ReqBody, ResBody>(
-    config: Arc<Config>,
-    mut inner: S,
-    request: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body + 'static,
-    ReqBody::Error: Into<BoxError>,
-{
-    // The usual request is decided without awaiting anything; the rest (body keys, remote
-    // stores, waiting, challenges) goes through `slow`, boxed so that its state does not
-    // weigh on every request's future.
-    let (request, admitted) = match prepare(&config, request) {
-        Step::Pass(request) => (request, None),
-        Step::Answer(response) => return Ok(response.map(ResponseBody::full)),
-        Step::Slow(request) => {
-            // Bound first: a temporary would keep its space in this future's state.
-            let slow = Box::pin(slow(config, inner, request));
-            return slow.await;
-        }
-        Step::Admit(admitted) => (admitted.request, Some((admitted.decision, admitted.kept))),
-    };
-    let response = inner.call(request).await?;
-    Ok(match admitted {
-        None => response.map(ResponseBody::inner),
-        Some((decision, kept)) => match finish_now(&config, decision, kept, response) {
-            Ok(response) => response,
-            Err(unfinished) => {
-                let later = Box::pin(finish_later(&config, unfinished));
-                later.await
-            }
-        },
-    })
-}
-
 /// What [`prepare`] found.
-enum Step<B> {
+pub(super) enum Step<B> {
     Pass(Request<B>),
     Answer(Response<Bytes>),
     /// Needs the async path; nothing is recorded yet.
@@ -89,16 +53,16 @@ enum Step<B> {
     Admit(Admitted<B>),
 }
 
-struct Admitted<B> {
-    /// The request to pass on (with `ClientIp` added).
-    request: Request<B>,
-    decision: Option<Decision>,
+pub(super) struct Admitted<B> {
+    /// The request to pass on.
+    pub request: Request<B>,
+    pub decision: Option<Decision>,
     /// The key values, for counting the outcome once the response is known.
-    kept: Option<Vec<String>>,
+    pub kept: Option<Vec<String>>,
 }
 
 /// Filters, keys and the decision, when none of them has to wait.
-fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
+pub(super) fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
     if config.needs_body {
         return Step::Slow(request);
     }
@@ -147,7 +111,7 @@ fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
 }
 
 /// The whole flow, any part of which may wait.
-async fn slow<S, ReqBody, ResBody>(
+pub(super) async fn slow<S, ReqBody, ResBody>(
     config: Arc<Config>,
     inner: S,
     request: Request<ReqBody>,
@@ -205,7 +169,7 @@ where
     let response = call(inner, Request::from_parts(parts, body)).await?;
     Ok(match finish_now(&config, decision, kept, response) {
         Ok(response) => response,
-        Err(unfinished) => finish_later(&config, unfinished).await,
+        Err(unfinished) => finish_later(config.clone(), unfinished).await,
     })
 }
 
@@ -310,7 +274,7 @@ where
 }
 
 /// A response waiting for its outcome to be counted by a store that must be awaited.
-struct Unfinished<B> {
+pub(super) struct Unfinished<B> {
     decision: Option<Decision>,
     kept: Vec<String>,
     response: Response<B>,
@@ -318,7 +282,7 @@ struct Unfinished<B> {
 
 /// The outcome count (when counting by outcome) and the header fields, when the count
 /// needs no waiting; otherwise hands back what [`finish_later`] needs.
-fn finish_now<B>(
+pub(super) fn finish_now<B>(
     config: &Config,
     mut decision: Option<Decision>,
     kept: Option<Vec<String>>,
@@ -349,10 +313,11 @@ fn finish_now<B>(
 }
 
 /// [`finish_now`] for a store that must be awaited.
-async fn finish_later<B>(
-    config: &Config,
+pub(super) async fn finish_later<B>(
+    config: Arc<Config>,
     unfinished: Box<Unfinished<B>>,
 ) -> Response<ResponseBody<B>> {
+    let config = &*config;
     let Unfinished {
         mut decision,
         kept,

@@ -3,40 +3,164 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::Response;
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use sluice_core::Decision;
+use tower_service::Service;
+
+use super::config::Config;
+use super::flow::{self, Step};
 
 type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
-/// Resolves to the inner service's response, or to the layer's own answer (429, 403, 503).
-pub struct ResponseFuture<B, E> {
-    inner: Boxed<B, E>,
+pin_project! {
+    /// Resolves to the inner service's response, or to the layer's own answer (429, 403,
+    /// 503). The hit is decided when this future is first polled. A request that needs no
+    /// waiting before the inner service (the usual one) is carried without allocating; one
+    /// that waits (body keys, a remote store, a wait mode, a challenge) is boxed.
+    pub struct ResponseFuture<S, ReqBody, ResBody>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody, ResBody>,
+    }
 }
 
-impl<B, E> ResponseFuture<B, E> {
-    pub(crate) fn new<F>(future: F) -> ResponseFuture<B, E>
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody, ResBody>
     where
-        F: Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static,
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
+        /// Not polled yet: nothing decided.
+        Start {
+            config: Arc<Config>,
+            inner: Option<S>,
+            request: Option<Request<ReqBody>>,
+        },
+        /// Admitted (or passed by a filter): the inner service is answering.
+        Inner {
+            #[pin]
+            future: S::Future,
+            config: Arc<Config>,
+            admitted: Option<(Option<Decision>, Option<Vec<String>>)>,
+        },
+        Boxed { future: Boxed<ResBody, S::Error> },
+        Done,
+    }
+}
+
+impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    pub(crate) fn new(config: Arc<Config>, inner: S, request: Request<ReqBody>) -> Self {
         ResponseFuture {
-            inner: Box::pin(future),
+            state: State::Start {
+                config,
+                inner: Some(inner),
+                request: Some(request),
+            },
         }
     }
 }
 
-impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: 'static,
+    ReqBody: http_body::Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    ResBody: Send + 'static,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Start {
+                    config,
+                    inner,
+                    request,
+                } => {
+                    let config = config.clone();
+                    let mut inner = inner.take().expect("started once");
+                    let request = request.take().expect("started once");
+                    match flow::prepare(&config, request) {
+                        Step::Answer(response) => {
+                            state.set(State::Done);
+                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                        }
+                        Step::Slow(request) => {
+                            let future = Box::pin(flow::slow(config, inner, request));
+                            state.set(State::Boxed { future });
+                        }
+                        Step::Pass(request) => state.set(State::Inner {
+                            future: inner.call(request),
+                            config,
+                            admitted: None,
+                        }),
+                        Step::Admit(admitted) => state.set(State::Inner {
+                            future: inner.call(admitted.request),
+                            config,
+                            admitted: Some((admitted.decision, admitted.kept)),
+                        }),
+                    }
+                }
+                StateProj::Inner {
+                    future,
+                    config,
+                    admitted,
+                } => {
+                    let response = match future.poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(error)) => {
+                            state.set(State::Done);
+                            return Poll::Ready(Err(error));
+                        }
+                        Poll::Ready(Ok(response)) => response,
+                    };
+                    let Some((decision, kept)) = admitted.take() else {
+                        state.set(State::Done);
+                        return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    };
+                    match flow::finish_now(config, decision, kept, response) {
+                        Ok(response) => {
+                            state.set(State::Done);
+                            return Poll::Ready(Ok(response));
+                        }
+                        Err(unfinished) => {
+                            let later = flow::finish_later(config.clone(), unfinished);
+                            let future: Boxed<ResBody, S::Error> =
+                                Box::pin(async move { Ok(later.await) });
+                            state.set(State::Boxed { future });
+                        }
+                    }
+                }
+                StateProj::Boxed { future } => {
+                    let output = std::task::ready!(future.as_mut().poll(cx));
+                    state.set(State::Done);
+                    return Poll::Ready(output);
+                }
+                StateProj::Done => panic!("ResponseFuture polled after it completed"),
+            }
+        }
     }
 }
 
-impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+impl<S, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, ReqBody, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ResponseFuture")
     }

@@ -9,7 +9,6 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::config::Config;
-use super::flow;
 use super::future::{ResponseBody, ResponseFuture};
 
 /// Limits the requests of `S`. Readiness is `S`'s own: the hit is decided in the response
@@ -54,7 +53,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<ResBody, S::Error>;
+    type Future = ResponseFuture<S, ReqBody, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -64,6 +63,6 @@ where
         // The clone is not known to be ready; the instance that was polled ready is.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(flow::handle(self.config.clone(), inner, request))
+        ResponseFuture::new(self.config.clone(), inner, request)
     }
 }
