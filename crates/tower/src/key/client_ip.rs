@@ -147,36 +147,45 @@ impl ClientIpResolver {
     /// [`ClientIpResolver::key`] held inline (an IPv4 address or a grouped IPv6 prefix fits
     /// in 24 bytes): on every request, so no allocation.
     pub(crate) fn key_inline(&self, ip: IpAddr) -> CompactString {
+        // The common case, on every request: an IPv4 address kept whole, formatted by hand
+        // (`Display` and the grouping arithmetic are slower).
+        if let IpAddr::V4(v4) = normalize(ip)
+            && self.ipv4_prefix >= 32
+        {
+            return ipv4_key(v4);
+        }
         let net = self.group(ip);
         match net.addr() {
-            // The common case, on every request: formatted by hand, `Display` is slower.
-            IpAddr::V4(v4) if net.prefix_len() == 32 => {
-                let mut out = [0u8; 15];
-                let mut len = 0;
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        out[len] = b'.';
-                        len += 1;
-                    }
-                    if octet >= 100 {
-                        out[len] = b'0' + octet / 100;
-                        len += 1;
-                    }
-                    if octet >= 10 {
-                        out[len] = b'0' + octet / 10 % 10;
-                        len += 1;
-                    }
-                    out[len] = b'0' + octet % 10;
-                    len += 1;
-                }
-                CompactString::from_utf8(&out[..len]).expect("ASCII digits and dots")
-            }
+            IpAddr::V4(v4) if net.prefix_len() == 32 => ipv4_key(v4),
             addr if net.prefix_len() == net.max_prefix_len() => {
                 compact_str::format_compact!("{addr}")
             }
             _ => compact_str::format_compact!("{net}"),
         }
     }
+}
+
+/// `a.b.c.d`, without `Display`'s machinery.
+fn ipv4_key(v4: std::net::Ipv4Addr) -> CompactString {
+    let mut out = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            out[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            out[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        out[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    CompactString::from_utf8(&out[..len]).expect("ASCII digits and dots")
 }
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
