@@ -232,6 +232,20 @@ proptest! {
     }
 
     #[test]
+    fn gcra_admits_agrees_with_the_verdict(
+        q in small_quota(Algorithm::Gcra), now in start(), ahead in 0..100 * SEC,
+        behind in 0..100 * SEC, cost in 0..30u64,
+    ) {
+        // TATs ahead of, behind and at `now`, costs within and beyond capacity.
+        for tat in [now.saturating_add(ahead), now.saturating_sub(behind), now, 0] {
+            let verdict = q.gcra_verdict(tat, now, cost);
+            let (allowed, possible) = q.gcra_admits(tat, now, cost);
+            prop_assert_eq!(allowed, verdict.allowed, "tat {} now {} cost {}", tat, now, cost);
+            prop_assert_eq!(possible, verdict.retry != sluice_core::Retry::Never);
+        }
+    }
+
+    #[test]
     fn sliding_log_admits_at_most_limit_per_window(
         q in small_quota(Algorithm::SlidingLog), start in start(), trace in hits(200),
     ) {

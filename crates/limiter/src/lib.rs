@@ -17,6 +17,22 @@
 //! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 //! # }
 //! ```
+//!
+//! A store in this process decides without waiting, so code without a runtime (or a hot path
+//! that would rather not make a future) can ask [`Limiter::try_check_now`]; it answers `None`
+//! only when the store must be awaited:
+//!
+//! ```
+//! use sluice_limiter::{Limiter, MemoryStore, Policy};
+//!
+//! let limiter = Limiter::builder(MemoryStore::new())
+//!     .policy(Policy::new("jobs", "queue:2/s").unwrap())
+//!     .build()
+//!     .unwrap();
+//! let selectors = &[("queue", "mail")];
+//! let first = limiter.try_check_now("jobs", selectors, 1).unwrap().unwrap();
+//! assert!(first.decision.allowed);
+//! ```
 
 #![forbid(unsafe_code)]
 

@@ -41,6 +41,18 @@ pub(crate) fn verdict(quota: &Quota, tat: u64, now: u64, cost: u64) -> Verdict {
     }
 }
 
+/// Whether [`verdict`] would admit, and whether the cost can ever be admitted: the same
+/// arithmetic without the counts, for a store deciding inside a critical section.
+pub(crate) fn admits(quota: &Quota, tat: u64, now: u64, cost: u64) -> (bool, bool) {
+    let interval = quota.interval_ticks();
+    let tau = quota.burst() * interval;
+    let debt = tat.max(now) - now;
+    match cost.checked_mul(interval) {
+        Some(inc) if inc <= tau => (debt <= tau - inc, true),
+        _ => (false, false),
+    }
+}
+
 pub(crate) fn record(quota: &Quota, tat: u64, now: u64, cost: u64) -> u64 {
     let interval = quota.interval_ticks();
     let tau = quota.burst() * interval;

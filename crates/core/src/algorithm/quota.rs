@@ -214,6 +214,15 @@ impl Quota {
         gcra::verdict(self, tat, now, cost)
     }
 
+    /// For a GCRA quota's bare TAT word: whether [`Quota::gcra_verdict`] would admit a hit
+    /// of `cost`, and whether that cost can ever be admitted (`retry` is not `Never`), without
+    /// computing the counts a verdict carries.
+    #[inline]
+    pub fn gcra_admits(&self, tat: u64, now: u64, cost: u64) -> (bool, bool) {
+        debug_assert_eq!(self.algorithm, Algorithm::Gcra);
+        gcra::admits(self, tat, now, cost)
+    }
+
     /// [`Quota::record`] for a GCRA quota's bare TAT word: the word after the hit.
     #[inline]
     pub fn gcra_record(&self, tat: u64, now: u64, cost: u64) -> u64 {
