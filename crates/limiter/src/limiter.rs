@@ -201,12 +201,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Checked, Error> {
         let table = self.policies.load();
         let policy = lookup(&table, policy)?;
-        let recording = if policy.policy.count_denied {
-            Recording::Always
-        } else {
-            Recording::Admitted
-        };
-        self.decide(policy, selectors, cost, recording).await
+        self.decide(policy, selectors, cost, counting(policy)).await
     }
 
     /// What a hit of `cost` would get, recording nothing.
@@ -236,12 +231,7 @@ impl<S: Store> Limiter<S> {
             Ok(policy) => policy,
             Err(error) => return Some(Err(error)),
         };
-        let recording = if policy.policy.count_denied {
-            Recording::Always
-        } else {
-            Recording::Admitted
-        };
-        self.decide_now(policy, selectors, cost, recording)
+        self.decide_now(policy, selectors, cost, counting(policy))
     }
 
     /// [`Limiter::peek`] without waiting, as [`Limiter::try_check_now`].
@@ -477,6 +467,15 @@ impl Ask {
 
 fn paused() -> StoreError {
     StoreError::Unavailable("paused after a recent error".into())
+}
+
+/// What a check records: denied attempts too when the policy counts them.
+fn counting(policy: &CompiledPolicy) -> Recording {
+    if policy.policy.count_denied {
+        Recording::Always
+    } else {
+        Recording::Admitted
+    }
 }
 
 /// The policy named `name` in `table`, borrowed: a hit clones no `Arc`.
