@@ -113,7 +113,7 @@ pub(super) fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
 /// The whole flow, any part of which may wait.
 pub(super) async fn slow<S, ReqBody, ResBody>(
     config: Arc<Config>,
-    inner: S,
+    mut inner: S,
     request: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -155,18 +155,15 @@ where
         client_ip,
         selectors: &selectors,
     };
-    let before = match before_now(&ctx) {
-        Some(before) => before,
-        None => before(&ctx).await,
-    };
-    let (decision, counted) = match before {
+    // `before` takes the synchronous path itself where the store allows it.
+    let (decision, counted) = match before(&ctx).await {
         Before::Admit { decision, counted } => (decision, counted),
         Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
     };
     let kept = keep(&config, counted, &values);
     drop(selectors);
     drop(values);
-    let response = call(inner, Request::from_parts(parts, body)).await?;
+    let response = inner.call(Request::from_parts(parts, body)).await?;
     Ok(match finish_now(&config, decision, kept, response) {
         Ok(response) => response,
         Err(unfinished) => finish_later(config.clone(), unfinished).await,
@@ -261,16 +258,6 @@ fn selectors<'a>(config: &'a Config, values: &'a Values<'_>) -> SmallVec<[(&'a s
 /// Counting by outcome needs the values after the request has gone to the inner service.
 fn keep(config: &Config, counted: bool, values: &Values<'_>) -> Option<Vec<String>> {
     (config.outcomes.is_some() && !counted).then(|| values.iter().map(|v| v.to_string()).collect())
-}
-
-async fn call<S, ReqBody, ResBody>(
-    mut inner: S,
-    request: Request<ReqBody>,
-) -> Result<Response<ResBody>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-{
-    inner.call(request).await
 }
 
 /// A response waiting for its outcome to be counted by a store that must be awaited.
