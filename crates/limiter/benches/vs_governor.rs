@@ -2,6 +2,7 @@
 //!
 //! `cargo bench -p sluice-limiter --bench vs_governor` prints one line per scenario:
 //! `scenario=keys_1000_threads_2 sluice_ns=41.2 governor_ns=55.0 ratio=0.749`.
+//! `VS_GOVERNOR_KEYS=1,1000` limits the run to those key counts, without the memory lines.
 //!
 //! Each side decides one single-leaf GCRA hit per call and reads its own clock, as a caller
 //! would see it (sluice: `SystemClock`; governor: its default clock). Per scenario, both are
@@ -351,10 +352,24 @@ fn main() {
         rss_child(&side);
         return;
     }
+    // `VS_GOVERNOR_KEYS=1,1000` runs only those key counts (and skips the memory lines).
+    let only: Option<Vec<usize>> = std::env::var("VS_GOVERNOR_KEYS").ok().map(|list| {
+        list.split(',')
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .expect("VS_GOVERNOR_KEYS: key counts, comma-separated")
+            })
+            .collect()
+    });
     for limit in [Limit::Admit, Limit::Deny] {
         for n in [1, 1_000, 1_000_000] {
-            scenarios(n, limit);
+            if only.as_ref().is_none_or(|only| only.contains(&n)) {
+                scenarios(n, limit);
+            }
         }
     }
-    memory();
+    if only.is_none() {
+        memory();
+    }
 }
