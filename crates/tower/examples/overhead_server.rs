@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::routing::get;
 use sluice_limiter::{Limiter, MemoryStore, Policy};
-use sluice_tower::{Headers, Key, RateLimitLayer};
+use sluice_tower::{Headers, Key, RateLimitLayer, ResponseBody};
 use tokio::net::TcpListener;
 use tower::Layer;
 
@@ -42,14 +42,15 @@ async fn serve(name: &str, app: Router) -> Served {
     tokio::spawn(async move { axum::serve(listener, app).await })
 }
 
-/// `app` behind `layer`, wrapped around the whole router (the body mapped back to axum's,
+/// `app` behind `layer`, wrapped around the whole router (the body given back as axum's,
 /// which `axum::serve` wants).
 async fn serve_around(name: &str, app: Router, layer: RateLimitLayer) -> Served {
     let listener = bind(name).await;
-    let service = tower::util::MapResponseLayer::new(|response: axum::http::Response<_>| {
-        response.map(Body::new)
-    })
-    .layer(layer.layer(app));
+    let service =
+        tower::util::MapResponseLayer::new(|response: axum::http::Response<ResponseBody<Body>>| {
+            response.map(ResponseBody::into_body)
+        })
+        .layer(layer.layer(app));
     let make = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(service);
     tokio::spawn(async move { axum::serve(listener, make).await })
 }

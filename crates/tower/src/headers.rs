@@ -14,7 +14,6 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sluice_core::Decision;
 use sluice_limiter::CompiledPolicy;
-use smallvec::SmallVec;
 
 /// Which header fields the layer writes. By default `Retry-After` and the IETF fields; the
 /// `X-RateLimit-*` trio repeats what those say, so it is for clients that read only it
@@ -125,19 +124,9 @@ impl PolicyFields {
         if which.ietf {
             headers.insert(RATELIMIT_POLICY.clone(), self.policy.clone());
             let id = self.ids.get(decision.leaf).unwrap_or(&self.ids[0]);
-            // Written by hand: this runs on every response, and `format!` is several times
-            // slower for so little text.
-            // On the stack, then one exact copy into the value (a `Vec` handed to `Bytes`
-            // with spare capacity costs a second allocation).
-            let mut value: SmallVec<[u8; 96]> = SmallVec::new();
-            value.extend_from_slice(id.as_bytes());
-            value.extend_from_slice(b";r=");
-            push_decimal(&mut value, decision.remaining);
-            value.extend_from_slice(b";t=");
-            push_decimal(&mut value, reset);
             headers.insert(
                 RATELIMIT.clone(),
-                HeaderValue::from_bytes(&value).expect("visible ASCII"),
+                ratelimit_value(id, decision.remaining, reset),
             );
         }
         if which.x_ratelimit {
@@ -179,36 +168,32 @@ fn static_value(text: &str) -> HeaderValue {
     HeaderValue::from_static(text)
 }
 
-/// "00" to "99": decimal digits two at a time.
-const PAIRS: [u8; 200] = {
-    let mut pairs = [0u8; 200];
-    let mut i = 0;
-    while i < 100 {
-        pairs[2 * i] = b'0' + (i / 10) as u8;
-        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
-        i += 1;
-    }
-    pairs
-};
-
-fn push_decimal(out: &mut SmallVec<[u8; 96]>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    while n >= 100 {
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        i -= 2;
-        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    if n >= 10 {
-        let pair = n as usize * 2;
-        i -= 2;
-        digits[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+/// `RateLimit`'s value, `"name";r=REMAINING;t=RESET`. Written by hand into a buffer on the
+/// stack: this runs on every response, and `format!` (or growing a vector piece by piece)
+/// is several times slower for so little text; the value then copies it once.
+fn ratelimit_value(id: &str, remaining: u64, reset: u64) -> HeaderValue {
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let parts: [&[u8]; 5] = [
+        id.as_bytes(),
+        b";r=",
+        r.format(remaining).as_bytes(),
+        b";t=",
+        t.format(reset).as_bytes(),
+    ];
+    let mut buffer = [0u8; 128];
+    let len: usize = parts.iter().map(|part| part.len()).sum();
+    let value = if len <= buffer.len() {
+        let mut at = 0;
+        for part in parts {
+            buffer[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        HeaderValue::from_bytes(&buffer[..len])
     } else {
-        i -= 1;
-        digits[i] = b'0' + n as u8;
-    }
-    out.extend_from_slice(&digits[i..]);
+        // A policy name too long for the buffer.
+        HeaderValue::from_bytes(&parts.concat())
+    };
+    value.expect("a structured-field string and digits are visible ASCII")
 }
 
 /// Integers below this come from a table made once.
@@ -276,13 +261,22 @@ mod tests {
             .chain(powers);
         for n in samples.chain(0..20_000) {
             assert_eq!(integer(n), HeaderValue::from(n));
-            let mut text = SmallVec::new();
-            push_decimal(&mut text, n);
-            assert_eq!(&text[..], n.to_string().as_bytes());
         }
         assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
         assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
         assert_eq!(ceil_secs(Duration::from_millis(3001)), 4);
+    }
+
+    #[test]
+    fn ratelimit_values_short_and_long() {
+        let value = ratelimit_value("\"login\"", 4, 60);
+        assert_eq!(value, "\"login\";r=4;t=60");
+        let value = ratelimit_value("\"bench\"", 999_999_999_999, u64::MAX);
+        assert_eq!(value, "\"bench\";r=999999999999;t=18446744073709551615");
+        // Beyond the stack buffer.
+        let long = format!("\"{}\"", "p".repeat(200));
+        let value = ratelimit_value(&long, 0, 1);
+        assert_eq!(value.to_str().unwrap(), format!("{long};r=0;t=1"));
     }
 
     #[test]

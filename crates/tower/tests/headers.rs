@@ -142,3 +142,39 @@ async fn several_leaves_are_listed_and_the_deciding_one_reported() {
     );
     assert_eq!(a.header("ratelimit"), Some("\"api.0\";r=2;t=20"));
 }
+
+/// Wrapped around a whole router, the body comes back as the router's own type through
+/// `ResponseBody::into_body` (what `axum::serve` wants): the handler's body untouched, the
+/// layer's 429 answer converted whole, with its fields.
+#[tokio::test]
+async fn around_a_router_the_body_is_given_back_as_the_routers_own() {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use sluice_tower::ResponseBody;
+    use tower::{Layer, ServiceExt};
+
+    let clock = clock();
+    let router = axum::Router::new().route("/api/items", axum::routing::get(|| async { "[]" }));
+    let service =
+        tower::util::MapResponseLayer::new(|response: axum::http::Response<ResponseBody<Body>>| {
+            response.map(ResponseBody::into_body)
+        })
+        .layer(api_layer("apikey:1/m", &clock, Headers::default()).layer(router));
+
+    let read = |response: axum::http::Response<Body>| async move {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8(body.to_vec()).unwrap())
+    };
+    let (status, headers, body) = read(service.clone().oneshot(items("k1")).await.unwrap()).await;
+    assert_eq!((status, body.as_str()), (200, "[]"));
+    assert_eq!(headers["ratelimit"], "\"api\";r=0;t=60");
+
+    let (status, headers, body) = read(service.oneshot(items("k1")).await.unwrap()).await;
+    assert_eq!(status, 429);
+    assert_eq!(headers["retry-after"], "60");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["status"], 429);
+}

@@ -197,6 +197,19 @@ impl<B> ResponseBody<B> {
     }
 }
 
+impl<B: From<Bytes>> ResponseBody<B> {
+    /// The body as the inner service's own type: its body untouched, or the layer's answer
+    /// converted with `From<Bytes>`. For servers that want the inner type back, such as
+    /// `axum::serve` (`response.map(ResponseBody::into_body)` on a layer wrapped around a
+    /// `Router`): unlike `axum::body::Body::new`, this boxes nothing.
+    pub fn into_body(self) -> B {
+        match self.kind {
+            Kind::Inner { body } => body,
+            Kind::Full { bytes } => B::from(bytes.unwrap_or_default()),
+        }
+    }
+}
+
 impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
