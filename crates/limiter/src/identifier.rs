@@ -14,20 +14,29 @@ use sha2::{Digest, Sha256};
 /// Longest selector value kept as it is.
 pub const MAX_PLAIN_VALUE: usize = 64;
 
+/// Bytes a plain value may hold as they are: visible ASCII but the five that mean
+/// something in an identifier.
+const PLAIN: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut b = b'!';
+    while b <= b'~' {
+        plain[b as usize] = !matches!(b, b':' | b'+' | b'{' | b'}' | b'#');
+        b += 1;
+    }
+    plain
+};
+
 /// Appends `value` to `out` as it appears in an identifier.
 pub fn push_value(out: &mut String, value: &str) {
-    let plain = !value.is_empty() && value.len() <= MAX_PLAIN_VALUE && {
-        // Bytes for the usual ASCII value; characters only when there is more to know.
-        if value.is_ascii() {
-            !value
-                .bytes()
-                .any(|b| matches!(b, b':' | b'+' | b'{' | b'}' | b'#') || !b.is_ascii_graphic())
-        } else {
-            !value.chars().any(|c| {
-                matches!(c, ':' | '+' | '{' | '}' | '#') || c.is_whitespace() || c.is_control()
-            })
-        }
-    };
+    let plain = !value.is_empty()
+        && value.len() <= MAX_PLAIN_VALUE
+        // One table lookup per byte for the usual ASCII value; characters only when the
+        // value holds more than ASCII.
+        && (value.bytes().all(|b| PLAIN[b as usize])
+            || !value.is_ascii()
+                && !value.chars().any(|c| {
+                    matches!(c, ':' | '+' | '{' | '}' | '#') || c.is_whitespace() || c.is_control()
+                }));
     if plain {
         out.push_str(value);
     } else {
@@ -132,6 +141,12 @@ mod tests {
             ("tab\there", false),
             ("é", true),
             ("no\u{a0}break", false),
+            ("a+b", false),
+            ("{a}", false),
+            ("#a", false),
+            ("é:", false),
+            (&"x".repeat(MAX_PLAIN_VALUE), true),
+            (&"x".repeat(MAX_PLAIN_VALUE + 1), false),
         ] {
             let mut out = String::new();
             push_value(&mut out, value);
