@@ -40,7 +40,7 @@ pin_project! {
     {
         /// Not polled yet: nothing decided.
         Start {
-            config: Arc<Config>,
+            config: Option<Arc<Config>>,
             inner: Option<S>,
             request: Option<Request<ReqBody>>,
         },
@@ -63,7 +63,7 @@ where
     pub(crate) fn new(config: Arc<Config>, inner: S, request: Request<ReqBody>) -> Self {
         ResponseFuture {
             state: State::Start {
-                config,
+                config: Some(config),
                 inner: Some(inner),
                 request: Some(request),
             },
@@ -92,7 +92,8 @@ where
                     inner,
                     request,
                 } => {
-                    let config = config.clone();
+                    // Moved, not cloned: a clone is a write to the count every thread shares.
+                    let config = config.take().expect("started once");
                     let mut inner = inner.take().expect("started once");
                     let request = request.take().expect("started once");
                     match flow::prepare(&config, request) {
