@@ -14,11 +14,7 @@ command -v curl >/dev/null || missing+=(curl)
 command -v faketime >/dev/null || missing+=(faketime)
 command -v openssl >/dev/null || missing+=(openssl)
 if ((${#missing[@]})); then
-    echo "test.sh: installing ${missing[*]}" >&2
-    sudo=""
-    [[ $(id -u) -eq 0 ]] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    scripts/apt-install.sh "${missing[@]}"
 fi
 
 # Python clients for the cross-language tests (Envoy's protocol via grpcio + xds-protos,

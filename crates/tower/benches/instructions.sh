@@ -14,13 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
 n=${N:-3000}
-if ! command -v valgrind >/dev/null; then
-    echo "instructions.sh: installing valgrind" >&2
-    sudo=""
-    [[ $(id -u) -eq 0 ]] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >/dev/null
-fi
+command -v valgrind >/dev/null || scripts/apt-install.sh valgrind
 
 cargo build --release -q -p sluice-tower --example overhead_server
 dir=$(mktemp -d)

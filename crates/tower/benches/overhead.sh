@@ -37,13 +37,7 @@ else
 fi
 echo "overhead.sh: pinned=$pin rounds=$rounds duration=$duration" >&2
 
-if ! command -v wrk >/dev/null; then
-    echo "overhead.sh: installing wrk" >&2
-    sudo=""
-    [[ $(id -u) -eq 0 ]] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
-fi
+command -v wrk >/dev/null || scripts/apt-install.sh wrk
 
 cargo build --release -q -p sluice-tower --example overhead_server
 log=$(mktemp)
