@@ -19,7 +19,7 @@ use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use sluice_limiter::{Error, Store};
+use sluice_limiter::Error;
 use sluice_server::Service;
 
 use crate::output::decision_json;
@@ -53,13 +53,13 @@ fn one() -> u64 {
 }
 
 /// The router over `service`'s configured policies (checks are counted in its metrics).
-pub fn router<S: Store + 'static>(service: Arc<Service<S>>) -> Router {
+pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/health", get(health))
-        .route("/v1/check", post(check::<S>))
-        .route("/v1/peek", post(peek::<S>))
-        .route("/v1/reset", post(reset::<S>))
-        .route("/v1/policies", get(policies::<S>))
+        .route("/v1/check", post(check))
+        .route("/v1/peek", post(peek))
+        .route("/v1/reset", post(reset))
+        .route("/v1/policies", get(policies))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(service)
@@ -212,7 +212,7 @@ fn pairs(selectors: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
         .collect()
 }
 
-async fn decide<S: Store>(service: &Service<S>, body: Bytes, peek: bool) -> Response {
+async fn decide(service: &Service, body: Bytes, peek: bool) -> Response {
     let limiter = &service.limiter;
     let request: CheckRequest = match read(&body, |r: &CheckRequest| &r.selectors) {
         Ok(r) => r,
@@ -229,23 +229,20 @@ async fn decide<S: Store>(service: &Service<S>, body: Bytes, peek: bool) -> Resp
             .await
     };
     match result {
-        Ok(checked) => {
-            let policy = limiter.policy(&request.policy).expect("decided on it");
-            Json(decision_json(&policy, &checked)).into_response()
-        }
+        Ok(checked) => Json(decision_json(&checked)).into_response(),
         Err(e) => error_response(e),
     }
 }
 
-async fn check<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+async fn check(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     decide(&service, body, false).await
 }
 
-async fn peek<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+async fn peek(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     decide(&service, body, true).await
 }
 
-async fn reset<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+async fn reset(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     let request: ResetRequest = match read(&body, |r: &ResetRequest| &r.selectors) {
         Ok(r) => r,
         Err(problem) => return problem.into_response(),
@@ -257,7 +254,7 @@ async fn reset<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) ->
     }
 }
 
-async fn policies<S: Store>(State(service): State<Arc<Service<S>>>) -> Json<Value> {
+async fn policies(State(service): State<Arc<Service>>) -> Json<Value> {
     let list: Vec<Value> = service
         .limiter
         .policies()

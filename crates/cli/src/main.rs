@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sluice_cli::store_url::AnyStore;
 use sluice_cli::{config, http, output, simulate, store_url};
 use sluice_core::{Algorithm, Rule};
-use sluice_limiter::{Limiter, MemoryStore, Policy};
+use sluice_limiter::{Limiter, MemoryStore, Policy, Store};
 use sluice_server::{Service, reload};
 
 #[derive(Parser)]
@@ -170,8 +169,7 @@ fn check(
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     match runtime.block_on(limiter.check("check", &pairs, cost)) {
         Ok(checked) => {
-            let compiled = limiter.policy("check").expect("added above");
-            println!("{}", output::decision_json(&compiled, &checked));
+            println!("{}", output::decision_json(&checked));
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
@@ -289,9 +287,9 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
             builder = builder.near_cache(100_000, Duration::from_secs(1));
         }
         let limiter = Arc::new(builder.build()?);
-        let mut service = Service::new(store.clone(), limiter.clone(), envoy);
+        let mut service = Service::new(limiter.clone(), envoy);
         service.envoy_headers = args.envoy_headers;
-        if let AnyStore::Memory(memory) = &store {
+        if let Some(memory) = store.as_memory() {
             let memory = memory.clone();
             service.store_metrics = Some(Box::new(move || {
                 let stats = memory.stats();
@@ -302,7 +300,7 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
             }));
         }
         let service = Arc::new(service);
-        if let AnyStore::Memory(memory) = store {
+        if let Some(memory) = store.as_memory().cloned() {
             // Expired state is dropped in the background so idle identifiers free memory.
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(10));

@@ -69,11 +69,8 @@ pub fn simulate(
 ) -> Result<Summary, TraceError> {
     let clock = ManualClock::new(0);
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let limiter = Limiter::builder(store)
-        .clock(clock.clone())
-        .policy(policy.clone())
-        .build()?;
-    let compiled = limiter.policy(&policy.name).expect("just added");
+    let limiter = Limiter::builder(store).clock(clock.clone()).build()?;
+    let compiled = limiter.add_policy(policy)?;
 
     let mut reader = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
@@ -127,18 +124,17 @@ pub fn simulate(
             .collect();
         clock.set(t);
         let checked = runtime
-            .block_on(limiter.check(&policy.name, &selectors, cost))
+            .block_on(limiter.check(&compiled, &selectors, cost))
             .map_err(|e| fail(e.to_string()))?;
         let mut line_json = json!({ "t": serde_json::from_str::<serde_json::Value>(t_text.trim_end_matches('.')).unwrap_or(json!(t_text)) });
-        if let (Some(obj), serde_json::Value::Object(fields)) = (
-            line_json.as_object_mut(),
-            decision_json(&compiled, &checked),
-        ) {
+        if let (Some(obj), serde_json::Value::Object(fields)) =
+            (line_json.as_object_mut(), decision_json(&checked))
+        {
             obj.extend(fields);
         }
         writeln!(out, "{line_json}")?;
         summary.requests += 1;
-        if checked.decision.allowed {
+        if checked.decision.allowed() {
             summary.allowed += 1;
         } else {
             summary.denied += 1;

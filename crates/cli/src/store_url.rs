@@ -12,51 +12,10 @@
 
 use std::time::Duration;
 
-use sluice_core::Decision;
 use sluice_limiter::memory::DEFAULT_MAX_IDENTIFIERS;
-use sluice_limiter::{Hit, MemoryStore, Store, StoreError};
+use sluice_limiter::{DynStore, MemoryStore};
 use sluice_memcached::MemcachedStore;
 use sluice_redis::RedisStore;
-
-/// A store chosen at run time.
-#[derive(Clone)]
-pub enum AnyStore {
-    Memory(MemoryStore),
-    Redis(RedisStore),
-    Memcached(MemcachedStore),
-}
-
-impl AnyStore {
-    /// Whether decisions leave this process (and so the near cache saves round trips).
-    pub fn is_remote(&self) -> bool {
-        !matches!(self, AnyStore::Memory(_))
-    }
-}
-
-impl Store for AnyStore {
-    async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
-        match self {
-            AnyStore::Memory(store) => store.decide(hit).await,
-            AnyStore::Redis(store) => store.decide(hit).await,
-            AnyStore::Memcached(store) => store.decide(hit).await,
-        }
-    }
-
-    fn try_decide_now(&self, hit: &Hit<'_>) -> Option<Result<Decision, StoreError>> {
-        match self {
-            AnyStore::Memory(store) => store.try_decide_now(hit),
-            AnyStore::Redis(_) | AnyStore::Memcached(_) => None,
-        }
-    }
-
-    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(store) => store.reset(identifiers).await,
-            AnyStore::Redis(store) => store.reset(identifiers).await,
-            AnyStore::Memcached(store) => store.reset(identifiers).await,
-        }
-    }
-}
 
 /// Splits `url` into its base and the query parameters named in `ours`; the rest stay on
 /// the base.
@@ -91,7 +50,7 @@ fn positive(name: &str, value: &str) -> Result<u64, String> {
 }
 
 /// Opens the store `url` names.
-pub async fn open(url: &str) -> Result<AnyStore, String> {
+pub async fn open(url: &str) -> Result<DynStore, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| format!("`{url}` is not a store URL (expected e.g. `memory://`)"))?;
@@ -109,7 +68,7 @@ pub async fn open(url: &str) -> Result<AnyStore, String> {
                     }
                 }
             }
-            Ok(AnyStore::Memory(
+            Ok(DynStore::new(
                 MemoryStore::builder().max_identifiers(max).build(),
             ))
         }
@@ -127,13 +86,13 @@ pub async fn open(url: &str) -> Result<AnyStore, String> {
                 .connect()
                 .await
                 .map_err(|e| format!("{}: {e}", sluice_redis::url::redact(url)))?;
-            Ok(AnyStore::Redis(store))
+            Ok(DynStore::new(store))
         }
         "memcached" => {
             let store = MemcachedStore::connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok(AnyStore::Memcached(store))
+            Ok(DynStore::new(store))
         }
         other => Err(format!(
             "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, memcached://)"

@@ -6,7 +6,7 @@
 //! states locked (or inside one script), so check and record are one atomic step.
 
 use crate::algorithm::{Quota, Retry, State, Verdict};
-use crate::decision::{Decision, Denial, ticks};
+use crate::decision::{Decision, Denial, denial_of, ticks};
 use crate::penalty::{Penalty, PenaltyState};
 use crate::rule::Shape;
 
@@ -20,6 +20,27 @@ pub enum Recording {
     Always,
     /// Record nothing: a peek.
     Never,
+}
+
+impl Recording {
+    /// Whether a hit is recorded, from whether the rule `allowed` it and whether it was
+    /// `possible` at all (its cost within what the rule can ever admit: a hit that can never
+    /// pass is a caller's mistake, not an attempt worth counting).
+    pub const fn records(self, allowed: bool, possible: bool) -> bool {
+        match self {
+            Recording::Admitted => allowed,
+            Recording::Always => possible,
+            Recording::Never => false,
+        }
+    }
+
+    /// [`Recording::records`] for a decision already made.
+    pub fn records_decision(self, decision: &Decision) -> bool {
+        self.records(
+            decision.allowed(),
+            decision.denial != Some(Denial::CostExceedsCapacity),
+        )
+    }
 }
 
 /// Everything about one hit except the states and the time.
@@ -63,12 +84,12 @@ pub fn evaluate(
     {
         let verdict = quotas[0].verdict(&states[0], now, 0);
         let decision = Decision {
-            allowed: false,
+            denial: Some(Denial::Penalized {
+                retry_after: ticks(wait, tick),
+            }),
             limit: verdict.limit,
             remaining: 0,
             reset_after: ticks(verdict.reset_after.max(wait), tick),
-            retry_after: Some(ticks(wait, tick)),
-            denial: Some(Denial::Penalized),
             leaf: 0,
         };
         return Outcome {
@@ -79,36 +100,30 @@ pub fn evaluate(
 
     let mut decision = decide(shape, quotas, states, now, cost);
 
-    let record = match recording {
-        Recording::Admitted => decision.allowed,
-        // A hit that can never pass is a caller's mistake, not an attempt worth counting.
-        Recording::Always => decision.denial != Some(Denial::CostExceedsCapacity),
-        Recording::Never => false,
-    };
+    let record = recording.records_decision(&decision);
     if record {
         for (quota, state) in quotas.iter().zip(states.iter_mut()) {
             quota.record(state, now, cost);
         }
-        if !decision.allowed {
+        if !decision.allowed() {
             // A denied hit that counts makes the wait longer: report the wait of the recorded
             // states, or a client retrying exactly at `retry_after` would be denied forever.
             let recorded = decide(shape, quotas, states, now, cost);
-            if !recorded.allowed {
+            if !recorded.allowed() {
                 decision = recorded;
             }
         }
     }
     let mut changed = record;
-    if let (Some(config), Some(record), Some(Denial::Limited)) =
+    if let (Some(config), Some(record), Some(Denial::Limited { retry_after })) =
         (evaluation.penalty, penalty, decision.denial)
         && recording != Recording::Never
     {
-        let wait = config.strike(record, now);
+        let wait = ticks(config.strike(record, now), tick);
         changed = true;
-        if decision.retry_after.is_none_or(|r| r < ticks(wait, tick)) {
-            decision.retry_after = Some(ticks(wait, tick));
-            decision.reset_after = decision.reset_after.max(ticks(wait, tick));
-            decision.denial = Some(Denial::Penalized);
+        if retry_after < wait {
+            decision.denial = Some(Denial::Penalized { retry_after: wait });
+            decision.reset_after = decision.reset_after.max(wait);
         }
     }
     Outcome { decision, changed }
@@ -131,19 +146,17 @@ pub fn decide_verdicts(shape: &Shape, verdicts: &[Verdict], tick: u64) -> Decisi
     let root = fold(shape, verdicts);
     if root.reached {
         let mut d = Decision::from_verdict(&verdicts[root.retry_leaf], root.retry_leaf, tick);
-        d.allowed = false;
-        (d.retry_after, d.denial) = match root.retry {
-            Retry::After(n) => (Some(ticks(n, tick)), Some(Denial::Limited)),
-            Retry::Never => (None, Some(Denial::CostExceedsCapacity)),
-            Retry::Now => unreachable!("a reached node has a retry time"),
-        };
+        // A reached node always has a retry time; were it `Now`, the hit is still denied.
+        d.denial = Some(denial_of(root.retry, tick).unwrap_or(Denial::Limited {
+            retry_after: std::time::Duration::ZERO,
+        }));
         d.remaining = root.remaining;
         d
     } else {
         let mut d =
             Decision::from_verdict(&verdicts[root.remaining_leaf], root.remaining_leaf, tick);
         // The reporting leaf may itself be reached (inside an `and`); the tree is not.
-        (d.allowed, d.retry_after, d.denial) = (true, None, None);
+        d.denial = None;
         d.remaining = root.remaining;
         d
     }

@@ -30,7 +30,7 @@ pub mod rate;
 pub mod rule;
 
 pub use algorithm::{Algorithm, Quota, Retry, State, Verdict};
-pub use decision::{Decision, Denial};
+pub use decision::{Decision, Denial, whole_seconds};
 pub use evaluate::{Evaluation, Outcome, Recording, decide_verdicts, evaluate};
 pub use parse::{RuleError, parse_rule};
 pub use penalty::{Penalty, PenaltyState};

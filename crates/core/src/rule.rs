@@ -188,4 +188,15 @@ impl Shape {
             Shape::Or((0..leaves).map(Shape::Leaf).collect())
         }
     }
+
+    /// Whether an `and` stands anywhere in the tree. Stores that decide a rule in several
+    /// steps (slot by slot, leaf by leaf) must keep such a rule's leaves together: an `and`
+    /// decided on a stale count of one child may admit more than the rule allows.
+    pub fn has_and(&self) -> bool {
+        match self {
+            Shape::Leaf(_) => false,
+            Shape::And(_) => true,
+            Shape::Or(children) => children.iter().any(Shape::has_and),
+        }
+    }
 }

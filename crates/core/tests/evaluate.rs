@@ -124,7 +124,7 @@ fn peek(shape: &Shape, quotas: &[Quota], states: &[State], now: u64, cost: u64) 
         !outcome.changed && copy == states,
         "a peek changed the states"
     );
-    outcome.decision.allowed
+    outcome.decision.allowed()
 }
 
 proptest! {
@@ -146,7 +146,7 @@ proptest! {
             let before = states.clone();
             let evaluation = Evaluation { shape: &shape, quotas: &quotas, cost, recording, penalty: None };
             let Outcome { decision, changed } = evaluate(&evaluation, &mut states, None, now);
-            prop_assert_eq!(decision.allowed, allowed, "{:?} at {}: {:?}", shape, now, verdicts);
+            prop_assert_eq!(decision.allowed(), allowed, "{:?} at {}: {:?}", shape, now, verdicts);
 
             // A hit the tree can never admit is not counted, even by count-denied policies.
             let never = !allowed && reached(&shape, &|i| cost > quotas[i].capacity());
@@ -169,14 +169,14 @@ proptest! {
             prop_assert!(decision.leaf < quotas.len());
             prop_assert_eq!(decision.limit, quotas[decision.leaf].capacity());
             if allowed {
-                prop_assert_eq!((decision.retry_after, decision.denial), (None, None));
+                prop_assert_eq!((decision.retry_after(), decision.denial), (None, None));
                 continue;
             }
             let never = reached(&shape, &|i| cost > quotas[i].capacity());
-            match decision.retry_after {
+            match decision.retry_after() {
                 None => prop_assert!(never && decision.denial == Some(Denial::CostExceedsCapacity)),
                 Some(wait) => {
-                    prop_assert!(!never && decision.denial == Some(Denial::Limited));
+                    prop_assert!(!never && matches!(decision.denial, Some(Denial::Limited { .. })), "{:?}", decision);
                     let d = u64::try_from(wait.as_nanos()).unwrap();
                     prop_assert!(d > 0);
                     prop_assert!(!peek(&shape, &quotas, &states, now + d - 1, cost), "{:?}", decision);
@@ -192,7 +192,7 @@ fn hammer(shape: &Shape, quotas: &[Quota], start: u64, step: u64, end: u64) -> V
     let mut states: Vec<State> = quotas.iter().map(Quota::fresh_state).collect();
     (start..end)
         .step_by(step as usize)
-        .filter(|&now| check(shape, quotas, &mut states, now, 1).decision.allowed)
+        .filter(|&now| check(shape, quotas, &mut states, now, 1).decision.allowed())
         .collect()
 }
 
@@ -221,13 +221,13 @@ fn or_of_per_second_and_per_minute() {
         assert!(
             check(&shape, &quotas, &mut states, *now, 1)
                 .decision
-                .allowed
+                .allowed()
         );
     }
     let decision = check(&shape, &quotas, &mut states, t0 + 2 * SEC, 1).decision;
     assert_eq!(decision.leaf, 1);
-    assert_eq!(decision.denial, Some(Denial::Limited));
-    assert_eq!(decision.retry_after, Some(Duration::from_secs(58)));
+    assert!(matches!(decision.denial, Some(Denial::Limited { .. })));
+    assert_eq!(decision.retry_after(), Some(Duration::from_secs(58)));
     assert_eq!(decision.remaining, 0);
 }
 
@@ -243,28 +243,36 @@ fn and_applies_the_per_second_limit_only_after_the_hourly_quota() {
     let mut states: Vec<State> = quotas.iter().map(Quota::fresh_state).collect();
     let t0 = 7 * SEC;
     for _ in 0..100 {
-        assert!(check(&shape, &quotas, &mut states, t0, 1).decision.allowed);
+        assert!(
+            check(&shape, &quotas, &mut states, t0, 1)
+                .decision
+                .allowed()
+        );
     }
     let decision = check(&shape, &quotas, &mut states, t0, 1).decision;
-    assert!(!decision.allowed);
+    assert!(!decision.allowed());
     // The and clears when its first child does: the per-second leaf, after one second.
-    assert_eq!(decision.retry_after, Some(Duration::from_secs(1)));
+    assert_eq!(decision.retry_after(), Some(Duration::from_secs(1)));
     assert!(
         !check(&shape, &quotas, &mut states, t0 + SEC - 1, 1)
             .decision
-            .allowed
+            .allowed()
     );
     for second in 1..=3 {
         let now = t0 + second * SEC;
         let passed = (0..15)
-            .filter(|_| check(&shape, &quotas, &mut states, now, 1).decision.allowed)
+            .filter(|_| {
+                check(&shape, &quotas, &mut states, now, 1)
+                    .decision
+                    .allowed()
+            })
             .count();
         assert_eq!(passed, 10, "second {second}");
     }
     // A cost only the hourly leaf can take waits for the hourly leaf; above both, never.
     let decision = check(&shape, &quotas, &mut states, t0 + 4 * SEC, 11).decision;
-    assert_eq!(decision.denial, Some(Denial::Limited));
-    assert_eq!(decision.retry_after, Some(Duration::from_secs(3_596)));
+    assert!(matches!(decision.denial, Some(Denial::Limited { .. })));
+    assert_eq!(decision.retry_after(), Some(Duration::from_secs(3_596)));
     let decision = check(&shape, &quotas, &mut states, t0 + 4 * SEC, 101).decision;
     assert_eq!(decision.denial, Some(Denial::CostExceedsCapacity));
 }
@@ -311,19 +319,19 @@ fn counted_denials_still_tell_a_true_retry_time() {
         let mut states = vec![quotas[0].fresh_state()];
         let now = 10 * SEC + 300 * MS;
         let mut decision = evaluate(&evaluation, &mut states, None, now).decision;
-        while decision.allowed {
+        while decision.allowed() {
             decision = evaluate(&evaluation, &mut states, None, now).decision;
         }
-        let wait = u64::try_from(decision.retry_after.unwrap().as_nanos()).unwrap();
+        let wait = u64::try_from(decision.retry_after().unwrap().as_nanos()).unwrap();
         let peek = Evaluation {
             recording: Recording::Never,
             ..evaluation
         };
         let early = evaluate(&peek, &mut states, None, now + wait - 1).decision;
-        assert!(!early.allowed, "{alg}: admitted before {wait} ns");
+        assert!(!early.allowed(), "{alg}: admitted before {wait} ns");
         let retried = evaluate(&evaluation, &mut states, None, now + wait).decision;
         assert!(
-            retried.allowed,
+            retried.allowed(),
             "{alg}: still denied after {wait} ns: {retried:?}"
         );
     }

@@ -198,14 +198,14 @@ proptest! {
             let expected = plain.hit(now, cost, recording);
             let Outcome { decision, changed } = key.hit(now, cost, recording);
             if let Some(wait) = p.remaining(&before, now) {
-                prop_assert!(!decision.allowed && decision.denial == Some(Denial::Penalized));
-                prop_assert_eq!(decision.retry_after, Some(Duration::from_nanos(wait)));
+                prop_assert!(!decision.allowed() && matches!(decision.denial, Some(Denial::Penalized { .. })), "{:?}", decision);
+                prop_assert_eq!(decision.retry_after(), Some(Duration::from_nanos(wait)));
                 prop_assert!(!changed && key.record == before);
                 prop_assert_eq!(&key.states, &counters);
                 continue;
             }
             prop_assert_eq!(&key.states, &plain.states);
-            let strike = expected.decision.denial == Some(Denial::Limited) && recording != Recording::Never;
+            let strike = matches!(expected.decision.denial, Some(Denial::Limited { .. })) && recording != Recording::Never;
             if !strike {
                 prop_assert_eq!((&decision, changed, key.record), (&expected.decision, expected.changed, before));
                 continue;
@@ -213,11 +213,12 @@ proptest! {
             strikes = if before.strikes > 0 && now - before.last_strike >= 30 * SEC { 1 } else { strikes + 1 };
             let timeout = expected_timeout(&p, strikes);
             prop_assert_eq!(key.record, PenaltyState { strikes, until: now + timeout, last_strike: now });
-            prop_assert!(changed && !decision.allowed);
-            let rule_wait = nanos(expected.decision.retry_after.unwrap());
-            let denial = if timeout > rule_wait { Denial::Penalized } else { Denial::Limited };
+            prop_assert!(changed && !decision.allowed());
+            let rule_wait = nanos(expected.decision.retry_after().unwrap());
+            let wait = Duration::from_nanos(rule_wait.max(timeout));
+            let denial = if timeout > rule_wait { Denial::Penalized { retry_after: wait } } else { Denial::Limited { retry_after: wait } };
             prop_assert_eq!(decision.denial, Some(denial));
-            prop_assert_eq!(decision.retry_after, Some(Duration::from_nanos(rule_wait.max(timeout))));
+            prop_assert_eq!(decision.retry_after(), Some(Duration::from_nanos(rule_wait.max(timeout))));
             prop_assert!(decision.reset_after >= Duration::from_nanos(timeout));
         }
     }
@@ -229,20 +230,18 @@ fn a_boxed_key_waits_out_its_timeout() {
     let mut key = Key::new(quota(Algorithm::SlidingLog, 2, 1), Some(&p));
     let t0 = 50 * SEC;
     for _ in 0..2 {
-        assert!(key.hit(t0, 1, Recording::Admitted).decision.allowed);
+        assert!(key.hit(t0, 1, Recording::Admitted).decision.allowed());
     }
     // A peek sees the limit but never strikes.
     let peek = key.hit(t0, 1, Recording::Never);
-    assert_eq!(
-        (peek.decision.denial, peek.changed),
-        (Some(Denial::Limited), false)
-    );
+    assert!(matches!(peek.decision.denial, Some(Denial::Limited { .. })));
+    assert!(!peek.changed);
     assert_eq!(key.record, PenaltyState::default());
     // The rule would admit again after 1 s; the box lasts 10 s.
     let counters = key.states.clone();
     let Outcome { decision, changed } = key.hit(t0, 1, Recording::Admitted);
-    assert_eq!(decision.denial, Some(Denial::Penalized));
-    assert_eq!(decision.retry_after, Some(secs(10)));
+    assert!(matches!(decision.denial, Some(Denial::Penalized { .. })));
+    assert_eq!(decision.retry_after(), Some(secs(10)));
     assert!(changed && key.states == counters);
     assert_eq!(
         key.record,
@@ -255,9 +254,9 @@ fn a_boxed_key_waits_out_its_timeout() {
     // Boxed: denied without recording, whatever the rule would say.
     for now in [t0 + SEC, t0 + 10 * SEC - 1] {
         let Outcome { decision, changed } = key.hit(now, 1, Recording::Always);
-        assert_eq!(decision.denial, Some(Denial::Penalized));
+        assert!(matches!(decision.denial, Some(Denial::Penalized { .. })));
         assert_eq!(
-            decision.retry_after,
+            decision.retry_after(),
             Some(Duration::from_nanos(t0 + 10 * SEC - now))
         );
         assert!(!changed && key.states == counters);
@@ -266,10 +265,10 @@ fn a_boxed_key_waits_out_its_timeout() {
     // Out of the box: admitted again; the next abuse doubles the timeout.
     let t1 = t0 + 10 * SEC;
     for _ in 0..2 {
-        assert!(key.hit(t1, 1, Recording::Admitted).decision.allowed);
+        assert!(key.hit(t1, 1, Recording::Admitted).decision.allowed());
     }
     let decision: Decision = key.hit(t1, 1, Recording::Admitted).decision;
-    assert_eq!(decision.retry_after, Some(secs(20)));
+    assert_eq!(decision.retry_after(), Some(secs(20)));
     assert_eq!(key.record.strikes, 2);
 }
 
@@ -283,8 +282,8 @@ fn a_short_penalty_keeps_the_rules_retry_and_oversized_costs_do_not_strike() {
     assert_eq!(key.record, PenaltyState::default());
     key.hit(t0, 2, Recording::Admitted);
     let decision = key.hit(t0 + SEC, 1, Recording::Always).decision;
-    assert_eq!(decision.denial, Some(Denial::Limited));
-    assert_eq!(decision.retry_after, Some(secs(9)));
+    assert!(matches!(decision.denial, Some(Denial::Limited { .. })));
+    assert_eq!(decision.retry_after(), Some(secs(9)));
     assert_eq!(key.record.until, t0 + SEC + 100 * MS);
     assert_eq!(
         key.states[0],

@@ -320,17 +320,17 @@ fn in_ticks(d: Duration) -> u64 {
 fn decision_json(d: &Decision) -> Value {
     let denial = match d.denial {
         None => 0,
-        Some(Denial::Limited) => 1,
+        Some(Denial::Limited { .. }) => 1,
         Some(Denial::CostExceedsCapacity) => 2,
-        Some(Denial::Penalized) => 3,
+        Some(Denial::Penalized { .. }) => 3,
         Some(other) => panic!("the core never decides {other:?}"),
     };
     json!({
-        "allowed": d.allowed,
+        "allowed": d.allowed(),
         "limit": d.limit,
         "remaining": d.remaining,
         "reset_after_ticks": in_ticks(d.reset_after),
-        "retry_after_ticks": d.retry_after.map_or(-1, |r| in_ticks(r) as i64),
+        "retry_after_ticks": d.retry_after().map_or(-1, |r| in_ticks(r) as i64),
         "denial": denial,
         "leaf": d.leaf,
     })
@@ -581,7 +581,7 @@ fn random_case(rng: &mut Rng) -> Case {
         let mut peek = case.clone();
         peek.recording = Recording::Never;
         peek.penalty = None;
-        if let Some(retry) = peek.run().0.retry_after {
+        if let Some(retry) = peek.run().0.retry_after() {
             let retry = in_ticks(retry);
             case.now += retry - u64::from(retry > 0 && rng.chance(30));
         }

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use sluice_core::{Evaluation, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, MemoryStore};
+use sluice_limiter::{Hit, Identifier, MemoryStore};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -62,7 +62,7 @@ impl Sluice {
         }
     }
 
-    fn check(&self, identifier: &[String; 1]) -> bool {
+    fn check(&self, identifier: &[Identifier; 1]) -> bool {
         let hit = Hit {
             identifiers: identifier,
             evaluation: Evaluation {
@@ -74,7 +74,7 @@ impl Sluice {
             },
             penalty_identifier: None,
         };
-        self.store.decide_now(&hit).allowed
+        self.store.decide_now(&hit).allowed()
     }
 }
 
@@ -86,9 +86,15 @@ fn governor(limit: Limit) -> DefaultKeyedRateLimiter<String> {
     RateLimiter::keyed(quota)
 }
 
-/// Realistic identifiers of 20 bytes, one-element arrays so a `Hit` borrows them as they are.
-fn make_keys(n: usize) -> Vec<[String; 1]> {
-    (0..n).map(|i| [format!("user:{i:015}")]).collect()
+/// Realistic identifiers of 20 bytes, one-element arrays so a `Hit` borrows them as they are,
+/// beside the same text as governor's key.
+fn make_keys(n: usize) -> Vec<([Identifier; 1], String)> {
+    (0..n)
+        .map(|i| {
+            let key = format!("user:{i:015}");
+            ([Identifier::new(key.clone())], key)
+        })
+        .collect()
 }
 
 /// A permutation of `0..n` (splitmix64 driving Fisher-Yates): both sides walk the keys in
@@ -191,16 +197,16 @@ fn scenarios(n: usize, limit: Limit) {
     let sluice = Sluice::new(limit);
     let governor = governor(limit);
     for key in &keys {
-        assert!(sluice.check(key), "sluice admits a new key");
+        assert!(sluice.check(&key.0), "sluice admits a new key");
         assert!(
-            governor.check_key(&key[0]).is_ok(),
+            governor.check_key(&key.1).is_ok(),
             "governor admits a new key"
         );
     }
     assert_eq!(sluice.store.stats().identifiers, n);
     assert_eq!(governor.len(), n);
-    let sluice_check = |i: usize| sluice.check(&keys[i]);
-    let governor_check = |i: usize| governor.check_key(&keys[i][0]).is_ok();
+    let sluice_check = |i: usize| sluice.check(&keys[i].0);
+    let governor_check = |i: usize| governor.check_key(&keys[i].1).is_ok();
 
     for threads in [1, 2] {
         // Pilot rounds warm both sides and size the timed rounds.
@@ -256,19 +262,19 @@ fn bytes_held<T>(fill: impl FnOnce() -> T) -> (usize, T) {
     (change.bytes_allocated - change.bytes_deallocated, held)
 }
 
-fn fill_sluice(keys: &[[String; 1]]) -> Sluice {
+fn fill_sluice(keys: &[([Identifier; 1], String)]) -> Sluice {
     let sluice = Sluice::new(Limit::Admit);
     for key in keys {
-        assert!(sluice.check(key));
+        assert!(sluice.check(&key.0));
     }
     assert_eq!(sluice.store.stats().identifiers, keys.len());
     sluice
 }
 
-fn fill_governor(keys: &[[String; 1]]) -> DefaultKeyedRateLimiter<String> {
+fn fill_governor(keys: &[([Identifier; 1], String)]) -> DefaultKeyedRateLimiter<String> {
     let governor = governor(Limit::Admit);
     for key in keys {
-        assert!(governor.check_key(&key[0]).is_ok());
+        assert!(governor.check_key(&key.1).is_ok());
     }
     assert_eq!(governor.len(), keys.len());
     governor

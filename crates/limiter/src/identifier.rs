@@ -1,4 +1,6 @@
-//! Identifiers: `namespace:key:selector:value:leaf`, the name of one counter.
+//! Identifiers: `namespace:key:selector:value:leaf`, the name of one counter, with its
+//! routing group; how selector values are written into them; and the per-thread buffers a
+//! check writes them into.
 //!
 //! Selector values are written as they are when short and plain. A value that is long
 //! (over 64 bytes), empty, or holds a character that means something in an identifier
@@ -7,12 +9,128 @@
 //! sensitive values such as long tokens. The hash is stable, so every process sharing a
 //! store names a counter alike.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
+use std::ops::{Deref, Range};
 
 use sha2::{Digest, Sha256};
 
+/// The name of one counter or penalty record (`namespace:key:selector:value:rate`), and its
+/// *routing group*: the part of the name that says which identifiers must live together.
+/// Identifiers of one hit with equal groups can be decided in one atomic step wherever a
+/// store spreads its keys; a store maps the group to its own placement (the Redis store
+/// makes it the key's `{hash tag}`; a store in one place ignores it).
+///
+/// Dereferences to the name.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Identifier {
+    name: String,
+    group: Range<usize>,
+}
+
+impl Identifier {
+    /// An identifier that is its own group.
+    pub fn new(name: impl Into<String>) -> Identifier {
+        let name = name.into();
+        let group = 0..name.len();
+        Identifier { name, group }
+    }
+
+    /// The identifier `before + group + after`, routed by `group`.
+    pub fn grouped(before: &str, group: &str, after: &str) -> Identifier {
+        let name = format!("{before}{group}{after}");
+        let group = before.len()..before.len() + group.len();
+        Identifier { name, group }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The routing group (a part of the name).
+    pub fn group(&self) -> &str {
+        &self.name[self.group.clone()]
+    }
+
+    /// The name split around its group: `(before, group, after)`.
+    pub fn parts(&self) -> (&str, &str, &str) {
+        let Range { start, end } = self.group;
+        (
+            &self.name[..start],
+            &self.name[start..end],
+            &self.name[end..],
+        )
+    }
+
+    /// Empties the identifier for reuse, keeping its allocation.
+    pub(crate) fn clear(&mut self) {
+        self.name.clear();
+        self.group = 0..0;
+    }
+
+    pub(crate) fn name_mut(&mut self) -> &mut String {
+        &mut self.name
+    }
+
+    /// Routes by the bytes `group` of the name (whole characters: the limiter only marks
+    /// spans it has just written).
+    pub(crate) fn set_group(&mut self, group: Range<usize>) {
+        debug_assert!(self.name.get(group.clone()).is_some(), "a span of the name");
+        self.group = group;
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.name.capacity()
+    }
+
+    pub(crate) fn with_capacity(capacity: usize) -> Identifier {
+        Identifier {
+            name: String::with_capacity(capacity),
+            group: 0..0,
+        }
+    }
+}
+
+impl Deref for Identifier {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl AsRef<str> for Identifier {
+    fn as_ref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl PartialEq<str> for Identifier {
+    fn eq(&self, other: &str) -> bool {
+        self.name == other
+    }
+}
+
+impl PartialEq<&str> for Identifier {
+    fn eq(&self, other: &&str) -> bool {
+        self.name == *other
+    }
+}
+
+impl fmt::Display for Identifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl fmt::Debug for Identifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (before, group, after) = self.parts();
+        write!(f, "\"{before}[{group}]{after}\"")
+    }
+}
+
 /// Longest selector value kept as it is.
-pub const MAX_PLAIN_VALUE: usize = 64;
+pub(crate) const MAX_PLAIN_VALUE: usize = 64;
 
 /// Bytes a plain value may hold as they are: visible ASCII but the five that mean
 /// something in an identifier.
@@ -27,7 +145,7 @@ const PLAIN: [bool; 256] = {
 };
 
 /// Appends `value` to `out` as it appears in an identifier.
-pub fn push_value(out: &mut String, value: &str) {
+pub(crate) fn push_value(out: &mut String, value: &str) {
     let plain = !value.is_empty()
         && value.len() <= MAX_PLAIN_VALUE
         // One table lookup per byte for the usual ASCII value; characters only when the
@@ -45,7 +163,7 @@ pub fn push_value(out: &mut String, value: &str) {
 }
 
 /// Appends `#` and the hex of the first 16 bytes of SHA-256(`value`).
-pub fn push_hashed(out: &mut String, value: &str) {
+pub(crate) fn push_hashed(out: &mut String, value: &str) {
     let digest = Sha256::digest(value.as_bytes());
     out.push('#');
     for byte in &digest[..16] {
@@ -57,7 +175,7 @@ pub fn push_hashed(out: &mut String, value: &str) {
 /// thread: a check on a hot path allocates nothing for its identifiers once warm.
 #[derive(Default)]
 pub(crate) struct Identifiers {
-    strings: Vec<String>,
+    strings: Vec<Identifier>,
     used: usize,
 }
 
@@ -66,8 +184,8 @@ const MAX_KEPT_CAPACITY: usize = 512;
 const MAX_KEPT_STRINGS: usize = 16;
 
 thread_local! {
-    /// Plain strings, not `Identifiers`: putting one back must not run its `Drop` again.
-    static SPARE: std::cell::Cell<Vec<String>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Plain identifiers, not `Identifiers`: putting one back must not run its `Drop` again.
+    static SPARE: std::cell::Cell<Vec<Identifier>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl Identifiers {
@@ -77,10 +195,10 @@ impl Identifiers {
         Identifiers { strings, used: 0 }
     }
 
-    /// A cleared string for the next identifier.
-    pub(crate) fn next(&mut self) -> &mut String {
+    /// A cleared identifier to write the next one into.
+    pub(crate) fn next(&mut self) -> &mut Identifier {
         if self.used == self.strings.len() {
-            self.strings.push(String::with_capacity(64));
+            self.strings.push(Identifier::with_capacity(64));
         }
         let id = &mut self.strings[self.used];
         id.clear();
@@ -88,7 +206,7 @@ impl Identifiers {
         id
     }
 
-    pub(crate) fn as_slice(&self) -> &[String] {
+    pub(crate) fn as_slice(&self) -> &[Identifier] {
         &self.strings[..self.used]
     }
 }
@@ -113,12 +231,12 @@ mod tests {
     #[test]
     fn identifier_buffers_are_reused_and_may_overlap() {
         let mut outer = Identifiers::take();
-        outer.next().push_str("a:1");
+        outer.next().name_mut().push_str("a:1");
         {
             // A second check on the same thread while the first is alive (nested limiters).
             let mut inner = Identifiers::take();
-            inner.next().push_str("b:2");
-            inner.next().push_str("b:3");
+            inner.next().name_mut().push_str("b:2");
+            inner.next().name_mut().push_str("b:3");
             assert_eq!(inner.as_slice(), ["b:2", "b:3"]);
         }
         assert_eq!(outer.as_slice(), ["a:1"]);
@@ -126,7 +244,7 @@ mod tests {
         // The next check starts from cleared strings, whichever buffer it gets.
         let mut next = Identifiers::take();
         assert!(next.as_slice().is_empty());
-        assert_eq!(next.next(), "");
+        assert_eq!(next.next().as_str(), "");
     }
 
     #[test]
@@ -152,5 +270,17 @@ mod tests {
             push_value(&mut out, value);
             assert_eq!(out == value, plain, "{value:?} -> {out}");
         }
+    }
+
+    #[test]
+    fn parts_and_groups() {
+        let id = Identifier::grouped("ns:k:ip:", "10.0.0.1", ":5/m");
+        assert_eq!(id.as_str(), "ns:k:ip:10.0.0.1:5/m");
+        assert_eq!(id.group(), "10.0.0.1");
+        assert_eq!(id.parts(), ("ns:k:ip:", "10.0.0.1", ":5/m"));
+        assert_eq!(format!("{id:?}"), "\"ns:k:ip:[10.0.0.1]:5/m\"");
+        let whole = Identifier::new("abc");
+        assert_eq!(whole.group(), "abc");
+        assert_eq!(whole, "abc");
     }
 }

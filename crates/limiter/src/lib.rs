@@ -1,5 +1,6 @@
 //! The sluice limiter: named policies over a [`Store`] (the in-memory one here; Redis and
-//! memcached in their own crates), with penalties, a near cache of denials and clocks.
+//! memcached in their own crates, any of them held as one [`DynStore`]), with penalties, a
+//! near cache of denials, failure modes and clocks.
 //!
 //! ```
 //! use sluice_limiter::{Limiter, MemoryStore, Policy};
@@ -10,7 +11,7 @@
 //!     .build()
 //!     .unwrap();
 //! let checked = limiter.check("login", &[("ip", "203.0.113.9")], 1).await.unwrap();
-//! assert!(checked.decision.allowed);
+//! assert!(checked.decision.allowed());
 //! assert_eq!(checked.decision.remaining, 4);
 //! # });
 //! # fn tokio_test_block(f: impl std::future::Future<Output = ()>) {
@@ -31,7 +32,7 @@
 //!     .unwrap();
 //! let selectors = &[("queue", "mail")];
 //! let first = limiter.try_check_now("jobs", selectors, 1).unwrap().unwrap();
-//! assert!(first.decision.allowed);
+//! assert!(first.decision.allowed());
 //! ```
 
 #![forbid(unsafe_code)]
@@ -40,17 +41,19 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod failure;
-pub mod identifier;
+mod identifier;
 mod limiter;
 pub mod memory;
 mod near_cache;
 pub mod policy;
+mod run;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use failure::{FailureMode, LimiterStats};
-pub use limiter::{Checked, Error, Limiter, LimiterBuilder, Selectors};
+pub use limiter::{Checked, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, Selectors};
 pub use memory::{MemoryStats, MemoryStore};
-pub use policy::{CompiledPolicy, Policy, PolicyError};
+pub use policy::{CompiledLeaf, CompiledPolicy, Policy, PolicyError};
+pub use run::{Permit, Refused};
 pub use sluice_core::{Algorithm, Decision, Denial, Penalty};
-pub use store::{Hit, Store, StoreError};
+pub use store::{DynStore, Hit, Identifier, Store, StoreError};

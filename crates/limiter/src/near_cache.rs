@@ -13,6 +13,8 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use sluice_core::Decision;
 
+use crate::identifier::Identifier;
+
 const SHARDS: usize = 16;
 
 struct Entry {
@@ -43,7 +45,7 @@ impl NearCache {
         }
     }
 
-    fn hash(&self, policy: &str, ids: &[String]) -> u64 {
+    fn hash(&self, policy: &str, ids: &[Identifier]) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write(policy.as_bytes());
         h.write_u8(b'\n');
@@ -54,7 +56,7 @@ impl NearCache {
         h.finish()
     }
 
-    fn matches(key: &str, policy: &str, ids: &[String]) -> bool {
+    fn matches(key: &str, policy: &str, ids: &[Identifier]) -> bool {
         let mut parts = key.split('\n');
         parts.next() == Some(policy)
             && ids.iter().all(|id| parts.next() == Some(id.as_str()))
@@ -65,7 +67,7 @@ impl NearCache {
     pub(crate) fn get(
         &self,
         policy: &str,
-        ids: &[String],
+        ids: &[Identifier],
         cost: u64,
         now: u64,
     ) -> Option<Decision> {
@@ -78,22 +80,19 @@ impl NearCache {
             return None;
         }
         let elapsed = Duration::from_nanos(now.saturating_sub(entry.decided_at));
-        let mut decision = entry.decision.clone();
-        decision.retry_after = decision.retry_after.map(|r| r.saturating_sub(elapsed));
-        decision.reset_after = decision.reset_after.saturating_sub(elapsed);
-        Some(decision)
+        Some(entry.decision.aged(elapsed))
     }
 
     /// Remembers a denial decided at `now`.
     pub(crate) fn remember(
         &self,
         policy: &str,
-        ids: &[String],
+        ids: &[Identifier],
         cost: u64,
         decision: &Decision,
         now: u64,
     ) {
-        let Some(retry) = decision.retry_after else {
+        let Some(retry) = decision.retry_after() else {
             return;
         };
         let ttl = (retry.as_nanos() as u64).min(self.max_ttl);
@@ -119,7 +118,11 @@ impl NearCache {
         }
         let entry = Entry {
             hash,
-            key: format!("{policy}\n{}", ids.join("\n")).into(),
+            key: std::iter::once(policy)
+                .chain(ids.iter().map(Identifier::as_str))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .into(),
             decided_at: now,
             until: now + ttl,
             cost,

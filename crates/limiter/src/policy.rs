@@ -112,12 +112,22 @@ pub enum PolicyError {
 pub struct CompiledLeaf {
     pub leaf: Leaf,
     pub quota: Quota,
-    /// `namespace:key:selector:` — the selector values follow.
+    /// `namespace:key:selector` (then `:` and the selector values, for a leaf with a
+    /// selector).
     pub(crate) prefix: String,
     /// `:rate[~options]`, after the values.
     pub(crate) suffix: String,
-    /// Which selector value carries the Redis Cluster hash tag (`None`: a global leaf).
-    pub(crate) tag_at: Option<usize>,
+    pub(crate) group: GroupAt,
+}
+
+/// Which part of an identifier is its routing group (see [`crate::Identifier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupAt {
+    /// The value of the selector name at this index: every identifier of a hit that holds
+    /// that value shares the group, whatever else it holds.
+    Value(usize),
+    /// The first bytes of the prefix, `namespace:key`: one group for the whole policy.
+    Prefix(usize),
 }
 
 /// A validated policy.
@@ -131,10 +141,9 @@ pub struct CompiledPolicy {
     pub shape: Shape,
     /// Selector names of the penalty record: every name the rule uses, sorted.
     pub(crate) penalty_names: Vec<String>,
+    /// `namespace:key:names`; the values and `:penalty` follow.
     pub(crate) penalty_prefix: String,
-    pub(crate) penalty_tag_at: Option<usize>,
-    /// The hash tag of global leaves: `{namespace:key}`.
-    pub(crate) global_tag: String,
+    pub(crate) penalty_group: GroupAt,
 }
 
 fn check_name(name: &str) -> Result<(), PolicyError> {
@@ -160,9 +169,10 @@ impl CompiledPolicy {
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
         check_name(&key)?;
         check_name(&namespace)?;
+        let operation = format!("{namespace}:{key}");
 
-        // The first selector every leaf has carries the hash tag, so on Redis Cluster all of
-        // one hit's counters (and its penalty record) share a slot and one script call.
+        // The first selector every leaf has routes them all, so a store that spreads keys
+        // (Redis Cluster) keeps one hit's counters (and its penalty record) together.
         let mut common: Vec<&String> = policy
             .rule
             .leaves()
@@ -170,7 +180,7 @@ impl CompiledPolicy {
             .map(|l| l.selector.names().iter().collect())
             .unwrap_or_default();
         common.sort();
-        let tag = common
+        let shared = common
             .into_iter()
             .find(|name| {
                 policy
@@ -181,15 +191,16 @@ impl CompiledPolicy {
             })
             .cloned();
         // A rule with `and` whose leaves share no selector keeps all its counters in one
-        // slot, tagged by namespace and key: an `and` decided slot by slot could admit a hit
-        // on a leaf's stale count. An `or` rule is safe across slots and stays spread.
-        let colocate = tag.is_none() && has_and(&policy.rule);
-        let tag_in = |names: &[String]| -> Option<usize> {
-            if names.is_empty() || colocate {
-                return None;
+        // group, the policy's: an `and` decided group by group could admit a hit on a leaf's
+        // stale count. An `or` rule is safe across groups and stays spread.
+        let whole_policy = shared.is_none() && policy.rule.shape().has_and();
+        let group_of = |names: &[String]| -> GroupAt {
+            if names.is_empty() || whole_policy {
+                return GroupAt::Prefix(operation.len());
             }
-            Some(
-                tag.as_ref()
+            GroupAt::Value(
+                shared
+                    .as_ref()
                     .and_then(|t| names.iter().position(|n| n == t))
                     .unwrap_or(0),
             )
@@ -203,15 +214,10 @@ impl CompiledPolicy {
                     leaf: leaf.to_string(),
                     error,
                 })?;
-            let selector = if leaf.selector.is_global() {
-                "*".to_owned()
+            let prefix = if leaf.selector.is_global() {
+                format!("{operation}:*")
             } else {
-                leaf.selector.to_string()
-            };
-            let prefix = if colocate {
-                format!("{{{namespace}:{key}}}:{selector}:")
-            } else {
-                format!("{namespace}:{key}:{selector}:")
+                format!("{operation}:{}:", leaf.selector)
             };
             let suffix = leaf_suffix(leaf, &quota);
             if leaves
@@ -228,7 +234,7 @@ impl CompiledPolicy {
                 quota,
                 prefix,
                 suffix,
-                tag_at: tag_in(leaf.selector.names()),
+                group: group_of(leaf.selector.names()),
             });
         }
         let mut penalty_names: Vec<String> = leaves
@@ -237,10 +243,10 @@ impl CompiledPolicy {
             .collect();
         penalty_names.sort();
         penalty_names.dedup();
-        let penalty_selector = if penalty_names.is_empty() {
-            "*".to_owned()
+        let penalty_prefix = if penalty_names.is_empty() {
+            format!("{operation}:*")
         } else {
-            penalty_names.join("+")
+            format!("{operation}:{}:", penalty_names.join("+"))
         };
         let local_quotas = policy.failure.share().map(|share| {
             leaves
@@ -252,18 +258,9 @@ impl CompiledPolicy {
             quotas: leaves.iter().map(|l| l.quota).collect(),
             local_quotas,
             shape: policy.rule.shape(),
-            penalty_prefix: if colocate {
-                format!("{{{namespace}:{key}}}:{penalty_selector}:")
-            } else {
-                format!("{namespace}:{key}:{penalty_selector}:")
-            },
-            penalty_tag_at: tag_in(&penalty_names),
+            penalty_prefix,
+            penalty_group: group_of(&penalty_names),
             penalty_names,
-            global_tag: if colocate {
-                "*".to_owned()
-            } else {
-                format!("{{{namespace}:{key}}}")
-            },
             leaves,
             policy,
         })
@@ -271,14 +268,6 @@ impl CompiledPolicy {
 
     pub fn name(&self) -> &str {
         &self.policy.name
-    }
-}
-
-fn has_and(rule: &Rule) -> bool {
-    match rule {
-        Rule::Leaf(_) => false,
-        Rule::And(_) => true,
-        Rule::Or(children) => children.iter().any(has_and),
     }
 }
 

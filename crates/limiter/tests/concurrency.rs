@@ -49,14 +49,14 @@ enum Runner {
 
 const RUNNERS: [Runner; 2] = [Runner::Threads, Runner::Tasks];
 
-fn limiter(policies: impl IntoIterator<Item = Policy>) -> Arc<Limiter<MemoryStore>> {
+fn limiter(policies: impl IntoIterator<Item = Policy>) -> Arc<Limiter> {
     let store = MemoryStore::builder()
         .clock(ManualClock::new(FROZEN))
         .build();
     Arc::new(Limiter::builder(store).policies(policies).build().unwrap())
 }
 
-async fn check(limiter: &Limiter<MemoryStore>, policy: &str, request: &Request) -> Checked {
+async fn check(limiter: &Limiter, policy: &str, request: &Request) -> Checked {
     let selectors: Vec<(&str, &str)> = request
         .selector
         .iter()
@@ -72,7 +72,7 @@ async fn check(limiter: &Limiter<MemoryStore>, policy: &str, request: &Request) 
 /// is `plan(w, i)`.
 fn run<P>(
     runner: Runner,
-    limiter: &Arc<Limiter<MemoryStore>>,
+    limiter: &Arc<Limiter>,
     policy: &'static str,
     total: usize,
     plan: P,
@@ -87,7 +87,7 @@ where
 }
 
 fn on_threads<P>(
-    limiter: &Limiter<MemoryStore>,
+    limiter: &Limiter,
     policy: &str,
     threads: usize,
     per_thread: usize,
@@ -124,7 +124,7 @@ where
 }
 
 fn on_tasks<P>(
-    limiter: &Arc<Limiter<MemoryStore>>,
+    limiter: &Arc<Limiter>,
     policy: &'static str,
     tasks: usize,
     per_task: usize,
@@ -171,7 +171,7 @@ fn total(outcomes: &Outcomes) -> u64 {
 fn admitted(outcomes: &Outcomes, whose: impl Fn(&Request) -> bool) -> u64 {
     outcomes
         .iter()
-        .filter(|(r, c)| c.decision.allowed && whose(r))
+        .filter(|(r, c)| c.decision.allowed() && whose(r))
         .map(|(r, _)| r.cost)
         .sum()
 }
@@ -182,7 +182,7 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 }
 
 /// What a hit of cost 1 would get now, recording nothing.
-fn peek(limiter: &Limiter<MemoryStore>, policy: &str, selectors: &[(&str, &str)]) -> Checked {
+fn peek(limiter: &Limiter, policy: &str, selectors: &[(&str, &str)]) -> Checked {
     block_on(limiter.peek(policy, selectors, 1)).unwrap()
 }
 
@@ -201,14 +201,16 @@ fn every_algorithm_admits_exactly_the_limit() {
             });
             let what = format!("{runner:?} {algorithm}");
             assert_eq!(total(&outcomes), 100, "{what} (policy default)");
-            let limited = |(_, c): &&(Request, Checked)| c.decision.denial == Some(Denial::Limited);
+            let limited = |(_, c): &&(Request, Checked)| {
+                matches!(c.decision.denial, Some(Denial::Limited { .. }))
+            };
             assert_eq!(outcomes.iter().filter(limited).count(), 220, "{what}");
             let after = peek(&limiter, "by-policy", &[("user", "alice")]);
-            assert!(!after.decision.allowed, "{what}");
+            assert!(!after.decision.allowed(), "{what}");
 
             let outcomes = run(runner, &limiter, "by-leaf", 320, |_, _| Request::new(1));
             assert_eq!(total(&outcomes), 100, "{what} (leaf option)");
-            assert!(!peek(&limiter, "by-leaf", &[]).decision.allowed);
+            assert!(!peek(&limiter, "by-leaf", &[]).decision.allowed());
         }
     }
 }
@@ -224,7 +226,10 @@ fn costs_that_divide_the_limit_admit_exactly_the_limit() {
                     Request::new(cost).with("user", "u")
                 });
                 assert_eq!(total(&outcomes), 100, "{runner:?} {algorithm} cost {cost}");
-                let hits = outcomes.iter().filter(|(_, c)| c.decision.allowed).count() as u64;
+                let hits = outcomes
+                    .iter()
+                    .filter(|(_, c)| c.decision.allowed())
+                    .count() as u64;
                 assert_eq!(hits, 100 / cost, "{runner:?} {algorithm} cost {cost}");
             }
         }
@@ -274,7 +279,7 @@ fn or_rule_holds_the_shared_global_leaf_and_each_user() {
             }
             let fresh = peek(&limiter, "p", &[("user", "newcomer")]);
             assert!(
-                !fresh.decision.allowed,
+                !fresh.decision.allowed(),
                 "{runner:?} {rule}: the global leaf is spent"
             );
             assert_eq!(fresh.decision.leaf, 1);
@@ -338,7 +343,7 @@ fn and_rule_admits_exactly_until_every_child_is_reached() {
     }
 }
 
-fn limiter_with(rule: &str) -> Arc<Limiter<MemoryStore>> {
+fn limiter_with(rule: &str) -> Arc<Limiter> {
     limiter([Policy::new("p", rule).unwrap()])
 }
 
@@ -354,7 +359,7 @@ fn gcra_hot_path_admits_exactly_the_burst() {
             let first = warm
                 && block_on(check(&limiter, "p", &Request::new(1)))
                     .decision
-                    .allowed;
+                    .allowed();
             let outcomes = on_threads(&limiter, "p", threads, 300, |_, _| Request::new(1));
             let admitted = u64::from(first) + total(&outcomes);
             assert_eq!(admitted, 250, "round {round}, {threads} threads");
@@ -384,7 +389,7 @@ fn policy_flags_keep_the_count_exact() {
                 });
                 let really = outcomes
                     .iter()
-                    .filter(|(_, c)| c.decision.allowed && !c.shadow_denied);
+                    .filter(|(_, c)| c.decision.allowed() && !c.shadow_denied);
                 assert_eq!(really.count(), 100, "{runner:?} {algorithm} {policy}");
             }
         }

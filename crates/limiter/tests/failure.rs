@@ -9,7 +9,8 @@ use std::time::Duration;
 use sluice_core::Decision;
 use sluice_limiter::failure::STORE_PAUSE;
 use sluice_limiter::{
-    Denial, FailureMode, Hit, Limiter, ManualClock, MemoryStore, Policy, Store, StoreError,
+    Denial, FailureMode, Hit, Identifier, Limiter, ManualClock, MemoryStore, Policy, Store,
+    StoreError,
 };
 
 #[derive(Clone)]
@@ -26,12 +27,12 @@ impl Store for Switchable {
         self.inner.decide(hit).await
     }
 
-    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+    async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         self.inner.reset(identifiers).await
     }
 }
 
-fn limiter(mode: FailureMode) -> (Limiter<Switchable>, Arc<AtomicBool>, ManualClock) {
+fn limiter(mode: FailureMode) -> (Limiter, Arc<AtomicBool>, ManualClock) {
     let clock = ManualClock::new(1_000_000_000_000);
     let down = Arc::new(AtomicBool::new(false));
     let store = Switchable {
@@ -46,7 +47,7 @@ fn limiter(mode: FailureMode) -> (Limiter<Switchable>, Arc<AtomicBool>, ManualCl
     (limiter, down, clock)
 }
 
-async fn hit(limiter: &Limiter<Switchable>) -> sluice_limiter::Checked {
+async fn hit(limiter: &Limiter) -> sluice_limiter::Checked {
     limiter.check("p", &[("user", "u")], 1).await.unwrap()
 }
 
@@ -56,7 +57,7 @@ async fn open_admits_and_counts() {
     down.store(true, Ordering::SeqCst);
     for _ in 0..20 {
         let checked = hit(&limiter).await;
-        assert!(checked.decision.allowed);
+        assert!(checked.decision.allowed());
         assert_eq!(checked.without_store, Some(FailureMode::Open));
     }
     let stats = limiter.stats();
@@ -72,7 +73,7 @@ async fn closed_denies_and_says_why() {
     let (limiter, down, _) = limiter(FailureMode::Closed);
     down.store(true, Ordering::SeqCst);
     let checked = hit(&limiter).await;
-    assert!(!checked.decision.allowed);
+    assert!(!checked.decision.allowed());
     assert_eq!(checked.decision.denial, Some(Denial::StoreUnavailable));
     assert_eq!(limiter.stats().failed_closed, 1);
 }
@@ -84,7 +85,7 @@ async fn local_holds_its_share_of_the_limit() {
     let admitted = {
         let mut n = 0;
         for _ in 0..20 {
-            n += usize::from(hit(&limiter).await.decision.allowed);
+            n += usize::from(hit(&limiter).await.decision.allowed());
         }
         n
     };
@@ -99,7 +100,7 @@ async fn the_default_is_local_with_the_whole_limit() {
     down.store(true, Ordering::SeqCst);
     let mut admitted = 0;
     for _ in 0..20 {
-        admitted += usize::from(hit(&limiter).await.decision.allowed);
+        admitted += usize::from(hit(&limiter).await.decision.allowed());
     }
     assert_eq!(admitted, 10);
 }
@@ -128,7 +129,7 @@ async fn protocol_errors_are_not_hidden() {
         async fn decide(&self, _: &Hit<'_>) -> Result<Decision, StoreError> {
             Err(StoreError::Protocol("bad reply".into()))
         }
-        async fn reset(&self, _: &[String]) -> Result<(), StoreError> {
+        async fn reset(&self, _: &[Identifier]) -> Result<(), StoreError> {
             Ok(())
         }
     }

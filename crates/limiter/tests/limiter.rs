@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use sha2::Digest;
 use sluice_limiter::{
     Algorithm, Checked, Denial, Error, Limiter, ManualClock, MemoryStore, Penalty, Policy,
     PolicyError, Selectors,
@@ -24,7 +25,7 @@ fn policy(name: &str, rule: &str) -> Policy {
 fn limiter_on(
     policies: impl IntoIterator<Item = Policy>,
     near_cache: Option<Duration>,
-) -> (Limiter<MemoryStore>, ManualClock) {
+) -> (Limiter, ManualClock) {
     let clock = ManualClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let mut builder = Limiter::builder(store)
@@ -36,22 +37,22 @@ fn limiter_on(
     (builder.build().unwrap(), clock)
 }
 
-fn limiter(policies: impl IntoIterator<Item = Policy>) -> (Limiter<MemoryStore>, ManualClock) {
+fn limiter(policies: impl IntoIterator<Item = Policy>) -> (Limiter, ManualClock) {
     limiter_on(policies, None)
 }
 
-async fn check(l: &Limiter<MemoryStore>, name: &str, sel: &Selectors<'_>, cost: u64) -> Checked {
+async fn check(l: &Limiter, name: &str, sel: &Selectors<'_>, cost: u64) -> Checked {
     l.check(name, sel, cost).await.unwrap()
 }
 
-async fn peek(l: &Limiter<MemoryStore>, name: &str, sel: &Selectors<'_>, cost: u64) -> Checked {
+async fn peek(l: &Limiter, name: &str, sel: &Selectors<'_>, cost: u64) -> Checked {
     l.peek(name, sel, cost).await.unwrap()
 }
 
 /// Makes `n` hits of cost 1 and asserts every one is admitted.
-async fn admit(l: &Limiter<MemoryStore>, name: &str, sel: &Selectors<'_>, n: usize) {
+async fn admit(l: &Limiter, name: &str, sel: &Selectors<'_>, n: usize) {
     for i in 0..n {
-        let allowed = check(l, name, sel, 1).await.decision.allowed;
+        let allowed = check(l, name, sel, 1).await.decision.allowed();
         assert!(allowed, "{name}: hit {i} of {n}");
     }
 }
@@ -76,11 +77,14 @@ async fn unknown_policy_and_missing_selector_are_errors_that_record_nothing() {
     assert_eq!(missing, expected);
     assert!(!missing.is_transient());
     // The global leaf comes first, yet nothing reached the store.
-    assert_eq!(l.store().stats().identifiers, 0);
+    assert_eq!(l.store().as_memory().unwrap().stats().identifiers, 0);
     let both: &Selectors = &[("ip", "10.0.0.1"), ("user", "alice")];
     admit(&l, "p", both, 5).await;
     let sixth = check(&l, "p", &[("user", "alice"), ("ip", "10.0.0.1")], 1).await;
-    assert_eq!(sixth.decision.denial, Some(Denial::Limited));
+    assert!(matches!(
+        sixth.decision.denial,
+        Some(Denial::Limited { .. })
+    ));
 }
 
 #[tokio::test]
@@ -88,22 +92,25 @@ async fn gcra_decisions_carry_exact_numbers() {
     let (l, clock) = limiter([policy("p", "user:5/m")]);
     for (i, remaining) in (0..5).rev().enumerate() {
         let d = check(&l, "p", ALICE, 1).await.decision;
-        assert!(d.allowed && d.denial.is_none() && d.retry_after.is_none());
+        assert!(d.allowed() && d.denial.is_none() && d.retry_after().is_none());
         assert_eq!((d.limit, d.remaining, d.leaf), (5, remaining, 0));
         assert_eq!(d.reset_after, secs(12 * (i as u64 + 1)));
     }
     let sixth = check(&l, "p", ALICE, 1).await.decision;
-    assert_eq!((sixth.allowed, sixth.limit, sixth.remaining), (false, 5, 0));
-    assert_eq!(sixth.retry_after, Some(secs(12)));
+    assert_eq!(
+        (sixth.allowed(), sixth.limit, sixth.remaining),
+        (false, 5, 0)
+    );
+    assert_eq!(sixth.retry_after(), Some(secs(12)));
     assert_eq!(sixth.reset_after, secs(60));
-    assert_eq!(sixth.denial, Some(Denial::Limited));
+    assert!(matches!(sixth.denial, Some(Denial::Limited { .. })));
 
     clock.advance(secs(12) - NS);
     let early = check(&l, "p", ALICE, 1).await.decision;
-    assert!(!early.allowed && early.retry_after == Some(NS));
+    assert!(!early.allowed() && early.retry_after() == Some(NS));
     clock.advance(NS);
     let on_time = check(&l, "p", ALICE, 1).await.decision;
-    assert!(on_time.allowed);
+    assert!(on_time.allowed());
     assert_eq!((on_time.remaining, on_time.reset_after), (0, secs(60)));
 }
 
@@ -113,19 +120,26 @@ async fn peek_and_cost_zero_record_nothing() {
         let (l, _) = limiter([policy("p", "user:5/m").algorithm(algorithm)]);
         for _ in 0..10 {
             let peeked = peek(&l, "p", ALICE, 1).await.decision;
-            assert!(peeked.allowed && peeked.remaining == 4, "{algorithm}");
+            assert!(peeked.allowed() && peeked.remaining == 4, "{algorithm}");
             let free = check(&l, "p", ALICE, 0).await.decision;
-            assert!(free.allowed && free.remaining == 5, "{algorithm}");
+            assert!(free.allowed() && free.remaining == 5, "{algorithm}");
         }
-        assert_eq!(l.store().stats().identifiers, 0, "{algorithm}");
+        assert_eq!(
+            l.store().as_memory().unwrap().stats().identifiers,
+            0,
+            "{algorithm}"
+        );
         for remaining in (0..5).rev() {
             let d = check(&l, "p", ALICE, 1).await.decision;
-            assert_eq!((d.allowed, d.remaining), (true, remaining), "{algorithm}");
+            assert_eq!((d.allowed(), d.remaining), (true, remaining), "{algorithm}");
             assert_eq!(check(&l, "p", ALICE, 0).await.decision.remaining, remaining);
         }
         let peeked = peek(&l, "p", ALICE, 1).await.decision;
-        assert_eq!(peeked.denial, Some(Denial::Limited), "{algorithm}");
-        assert!(peeked.retry_after.is_some(), "{algorithm}");
+        assert!(
+            matches!(peeked.denial, Some(Denial::Limited { .. })),
+            "{algorithm}"
+        );
+        assert!(peeked.retry_after().is_some(), "{algorithm}");
     }
 }
 
@@ -138,12 +152,18 @@ async fn a_cost_above_capacity_can_never_pass() {
             }
             let (l, _) = limiter([policy("p", rule).algorithm(algorithm)]);
             let d = check(&l, "p", ALICE, capacity + 1).await.decision;
-            assert!(!d.allowed && d.retry_after.is_none(), "{rule} {algorithm}");
+            assert!(
+                !d.allowed() && d.retry_after().is_none(),
+                "{rule} {algorithm}"
+            );
             assert_eq!(d.denial, Some(Denial::CostExceedsCapacity));
             // Nothing was spent: the whole capacity still passes in one hit.
-            assert!(check(&l, "p", ALICE, capacity).await.decision.allowed);
+            assert!(check(&l, "p", ALICE, capacity).await.decision.allowed());
             let d = check(&l, "p", ALICE, 1).await.decision;
-            assert_eq!(d.denial, Some(Denial::Limited), "{rule} {algorithm}");
+            assert!(
+                matches!(d.denial, Some(Denial::Limited { .. })),
+                "{rule} {algorithm}"
+            );
         }
     }
 }
@@ -157,13 +177,13 @@ async fn reset_clears_one_users_counters_only() {
     l.reset("p", ALICE).await.unwrap();
     // Alice's leaf is fresh, the global leaf (7 of 8 used) is not.
     let d = check(&l, "p", ALICE, 1).await.decision;
-    assert_eq!((d.allowed, d.remaining, d.leaf), (true, 0, 1));
+    assert_eq!((d.allowed(), d.remaining, d.leaf), (true, 0, 1));
     let d = check(&l, "p", ALICE, 1).await.decision;
-    assert_eq!((d.allowed, d.leaf), (false, 1));
+    assert_eq!((d.allowed(), d.leaf), (false, 1));
     // Empty selectors reset the global leaf only: Bob keeps his two hits.
     l.reset("p", &[]).await.unwrap();
     let d = check(&l, "p", BOB, 1).await.decision;
-    assert_eq!((d.allowed, d.remaining, d.leaf), (true, 2, 0));
+    assert_eq!((d.allowed(), d.remaining, d.leaf), (true, 2, 0));
     assert_eq!(check(&l, "p", ALICE, 1).await.decision.remaining, 3);
 }
 
@@ -174,17 +194,17 @@ async fn shadow_admits_reports_and_still_records() {
     let (l, clock) = limiter([enforce, observe]);
     for remaining in [1, 0] {
         let c = check(&l, "observe", ALICE, 1).await;
-        assert!(c.decision.allowed && !c.shadow_denied);
+        assert!(c.decision.allowed() && !c.shadow_denied);
         assert_eq!(c.decision.remaining, remaining);
     }
     let c = check(&l, "observe", ALICE, 1).await;
-    assert!(c.decision.allowed && c.shadow_denied);
-    assert_eq!((c.decision.denial, c.decision.retry_after), (None, None));
+    assert!(c.decision.allowed() && c.shadow_denied);
+    assert_eq!((c.decision.denial, c.decision.retry_after()), (None, None));
     // The shadow's admitted hits were recorded in the shared counter; its denied one was not.
-    assert!(!check(&l, "enforce", ALICE, 1).await.decision.allowed);
+    assert!(!check(&l, "enforce", ALICE, 1).await.decision.allowed());
     clock.advance(secs(30));
-    assert!(check(&l, "enforce", ALICE, 1).await.decision.allowed);
-    assert!(check(&l, "observe", BOB, 1).await.decision.allowed);
+    assert!(check(&l, "enforce", ALICE, 1).await.decision.allowed());
+    assert!(check(&l, "observe", BOB, 1).await.decision.allowed());
 }
 
 #[tokio::test]
@@ -195,17 +215,17 @@ async fn count_denied_delays_the_key_but_only_about_one_window() {
     for name in ["plain", "strict"] {
         admit(&l, name, ALICE, 5).await;
         for _ in 0..20 {
-            assert!(!check(&l, name, ALICE, 1).await.decision.allowed);
+            assert!(!check(&l, name, ALICE, 1).await.decision.allowed());
         }
     }
     clock.advance(secs(12));
-    assert!(check(&l, "plain", ALICE, 1).await.decision.allowed);
-    assert!(!peek(&l, "strict", ALICE, 1).await.decision.allowed);
+    assert!(check(&l, "plain", ALICE, 1).await.decision.allowed());
+    assert!(!peek(&l, "strict", ALICE, 1).await.decision.allowed());
     // The debt of denied attempts stops one window past a full bucket: 60 s + 12 s.
     clock.set(START + 72 * SEC - 1);
-    assert!(!peek(&l, "strict", ALICE, 1).await.decision.allowed);
+    assert!(!peek(&l, "strict", ALICE, 1).await.decision.allowed());
     clock.set(START + 72 * SEC);
-    assert!(check(&l, "strict", ALICE, 1).await.decision.allowed);
+    assert!(check(&l, "strict", ALICE, 1).await.decision.allowed());
 }
 
 #[tokio::test]
@@ -213,33 +233,36 @@ async fn penalties_grow_heal_and_are_pardoned() {
     let penalty = Penalty::new(secs(1), 2, secs(8), secs(60)).unwrap();
     let (l, clock) = limiter([policy("p", "user:5/s").penalty(penalty)]);
     // Spends the bucket (full again after any box) and returns the denial that follows.
-    async fn abuse(l: &Limiter<MemoryStore>) -> sluice_limiter::Decision {
+    async fn abuse(l: &Limiter) -> sluice_limiter::Decision {
         admit(l, "p", ALICE, 5).await;
         check(l, "p", ALICE, 1).await.decision
     }
     for timeout in [1, 2, 4, 8, 8] {
         let d = abuse(&l).await;
-        assert_eq!(d.denial, Some(Denial::Penalized), "timeout {timeout}");
-        assert_eq!(d.retry_after, Some(secs(timeout)));
-        assert_eq!((d.allowed, d.remaining), (false, 0));
+        assert!(
+            matches!(d.denial, Some(Denial::Penalized { .. })),
+            "timeout {timeout}"
+        );
+        assert_eq!(d.retry_after(), Some(secs(timeout)));
+        assert_eq!((d.allowed(), d.remaining), (false, 0));
         // Boxed until the very end, without a new strike; others pass.
         clock.advance(secs(timeout) - NS);
         let d = check(&l, "p", ALICE, 1).await.decision;
-        assert_eq!(d.denial, Some(Denial::Penalized));
-        assert_eq!(d.retry_after, Some(NS));
-        assert!(check(&l, "p", BOB, 1).await.decision.allowed);
+        assert!(matches!(d.denial, Some(Denial::Penalized { .. })));
+        assert_eq!(d.retry_after(), Some(NS));
+        assert!(check(&l, "p", BOB, 1).await.decision.allowed());
         clock.advance(NS);
     }
     // 59 s quiet after the last strike is not enough to forget; 60 s is.
     clock.advance(secs(59 - 8));
-    assert_eq!(abuse(&l).await.retry_after, Some(secs(8)));
+    assert_eq!(abuse(&l).await.retry_after(), Some(secs(8)));
     clock.advance(secs(8 + 60));
-    assert_eq!(abuse(&l).await.retry_after, Some(secs(1)));
+    assert_eq!(abuse(&l).await.retry_after(), Some(secs(1)));
     clock.advance(secs(1));
-    assert_eq!(abuse(&l).await.retry_after, Some(secs(2)));
+    assert_eq!(abuse(&l).await.retry_after(), Some(secs(2)));
     // Pardon: the box, the strikes and the counters go at once.
     l.reset("p", ALICE).await.unwrap();
-    assert_eq!(abuse(&l).await.retry_after, Some(secs(1)));
+    assert_eq!(abuse(&l).await.retry_after(), Some(secs(1)));
 }
 
 #[tokio::test]
@@ -248,16 +271,19 @@ async fn the_same_key_shares_counters_and_namespaces_separate_them() {
     let b = policy("b", "user:2/m").key("shared");
     let c = policy("c", "user:2/m").key("shared").namespace("other");
     let (l, _) = limiter([a, b, c]);
-    assert!(check(&l, "a", ALICE, 1).await.decision.allowed);
+    assert!(check(&l, "a", ALICE, 1).await.decision.allowed());
     assert_eq!(check(&l, "b", ALICE, 1).await.decision.remaining, 0);
-    assert!(!check(&l, "a", ALICE, 1).await.decision.allowed);
+    assert!(!check(&l, "a", ALICE, 1).await.decision.allowed());
     assert_eq!(check(&l, "c", ALICE, 1).await.decision.remaining, 1);
 }
 
 #[tokio::test]
 async fn odd_selector_values_get_their_own_counters() {
-    let mut hashed_ab = String::new();
-    sluice_limiter::identifier::push_hashed(&mut hashed_ab, "a:b");
+    // How the identifier writes "a:b": `#` and the hex of 128 bits of its SHA-256.
+    let digest = sha2::Sha256::digest(b"a:b");
+    let hashed_ab: String = std::iter::once("#".to_owned())
+        .chain(digest[..16].iter().map(|b| format!("{b:02x}")))
+        .collect();
     let long = "x".repeat(200);
     let long_too = format!("{}y", "x".repeat(199));
     let values = [
@@ -274,11 +300,14 @@ async fn odd_selector_values_get_their_own_counters() {
     // Every request names its own counter: all pass once, then all are denied.
     for (name, sel) in &requests {
         let d = check(&l, name, sel, 1).await.decision;
-        assert!(d.allowed && d.remaining == 0, "{sel:?} shares a counter");
+        assert!(d.allowed() && d.remaining == 0, "{sel:?} shares a counter");
     }
     for (name, sel) in &requests {
         let d = check(&l, name, sel, 1).await.decision;
-        assert_eq!(d.denial, Some(Denial::Limited), "{sel:?} lost its counter");
+        assert!(
+            matches!(d.denial, Some(Denial::Limited { .. })),
+            "{sel:?} lost its counter"
+        );
     }
 }
 
@@ -287,24 +316,24 @@ async fn the_near_cache_answers_denials_until_they_end() {
     let (l, clock) = limiter_on([policy("p", "user:5/m")], Some(secs(60)));
     admit(&l, "p", ALICE, 5).await;
     let stored = check(&l, "p", ALICE, 1).await;
-    assert!(!stored.cached && stored.decision.retry_after == Some(secs(12)));
+    assert!(!stored.cached && stored.decision.retry_after() == Some(secs(12)));
     let cached = check(&l, "p", ALICE, 1).await;
     assert!(cached.cached);
     assert_eq!(cached.decision, stored.decision);
     clock.advance(secs(5));
     let later = check(&l, "p", ALICE, 1).await;
-    assert!(later.cached && !later.decision.allowed);
-    assert_eq!(later.decision.retry_after, Some(secs(7)));
+    assert!(later.cached && !later.decision.allowed());
+    assert_eq!(later.decision.retry_after(), Some(secs(7)));
     assert_eq!(later.decision.reset_after, secs(55));
     // Peeks and other keys go to the store.
     assert!(!peek(&l, "p", ALICE, 1).await.cached);
     assert!(!check(&l, "p", BOB, 1).await.cached);
     clock.advance(secs(7) - NS);
     let last = check(&l, "p", ALICE, 1).await;
-    assert!(last.cached && last.decision.retry_after == Some(NS));
+    assert!(last.cached && last.decision.retry_after() == Some(NS));
     clock.advance(NS);
     let open = check(&l, "p", ALICE, 1).await;
-    assert!(open.decision.allowed && !open.cached);
+    assert!(open.decision.allowed() && !open.cached);
 }
 
 #[tokio::test]
@@ -317,29 +346,29 @@ async fn the_near_cache_respects_cost_resets_ttl_and_count_denied() {
     assert!(check(&l, "p", ALICE, 3).await.cached);
     // A smaller cost may pass: the store decides, and admits it.
     let small = check(&l, "p", ALICE, 1).await;
-    assert!(small.decision.allowed && !small.cached);
+    assert!(small.decision.allowed() && !small.cached);
 
     assert!(!check(&l, "p", ALICE, 1).await.cached);
     assert!(check(&l, "p", ALICE, 1).await.cached);
     l.reset("p", ALICE).await.unwrap();
     let pardoned = check(&l, "p", ALICE, 1).await;
-    assert!(pardoned.decision.allowed && !pardoned.cached);
+    assert!(pardoned.decision.allowed() && !pardoned.cached);
 
     // A reset through another limiter on the same store is seen once the entry's ttl ends.
     admit(&l, "p", ALICE, 4).await;
-    assert!(!check(&l, "p", ALICE, 1).await.decision.allowed);
+    assert!(!check(&l, "p", ALICE, 1).await.decision.allowed());
     let other = Limiter::builder(l.store().clone()).policy(policy("p", "user:5/m"));
     other.build().unwrap().reset("p", ALICE).await.unwrap();
     clock.advance(secs(2) - NS);
     assert!(check(&l, "p", ALICE, 1).await.cached);
     clock.advance(NS);
     let seen = check(&l, "p", ALICE, 1).await;
-    assert!(seen.decision.allowed && !seen.cached);
+    assert!(seen.decision.allowed() && !seen.cached);
 
     admit(&l, "strict", ALICE, 5).await;
     for _ in 0..3 {
         let c = check(&l, "strict", ALICE, 1).await;
-        assert!(!c.decision.allowed && !c.cached);
+        assert!(!c.decision.allowed() && !c.cached);
     }
 }
 
@@ -349,10 +378,10 @@ async fn replace_policies_keeps_unchanged_counters_and_rejects_bad_sets() {
     admit(&l, "a", ALICE, 2).await;
     let kept = vec![policy("a", "user:2/m"), policy("c", "3/m")];
     l.replace_policies(kept).unwrap();
-    assert!(!check(&l, "a", ALICE, 1).await.decision.allowed);
+    assert!(!check(&l, "a", ALICE, 1).await.decision.allowed());
     let gone = l.check("b", ALICE, 1).await;
     assert_eq!(gone, Err(Error::UnknownPolicy("b".into())));
-    assert!(check(&l, "c", &[], 1).await.decision.allowed);
+    assert!(check(&l, "c", &[], 1).await.decision.allowed());
     // Flags are not leaves: a shadow of the same rule keeps the counter.
     let shadowed = vec![policy("a", "user:2/m").shadow(true)];
     l.replace_policies(shadowed).unwrap();
@@ -376,7 +405,7 @@ async fn replace_policies_keeps_unchanged_counters_and_rejects_bad_sets() {
     assert!(matches!(errors[2], PolicyError::Quota { .. }));
     // A changed leaf is a new counter.
     l.replace_policies(vec![policy("a", "user:3/m")]).unwrap();
-    assert!(check(&l, "a", ALICE, 1).await.decision.allowed);
+    assert!(check(&l, "a", ALICE, 1).await.decision.allowed());
 }
 
 #[tokio::test]
@@ -389,15 +418,15 @@ async fn the_near_cache_keeps_policies_sharing_a_key_apart() {
     let (l, _) = limiter_on([boxed, free, or, and], Some(secs(60)));
     admit(&l, "boxed", ALICE, 5).await;
     let d = check(&l, "boxed", ALICE, 1).await.decision;
-    assert_eq!(d.denial, Some(Denial::Penalized));
+    assert!(matches!(d.denial, Some(Denial::Penalized { .. })));
     // `free` shares the counter but has no penalty: limited for one interval, not boxed.
     let d = check(&l, "free", ALICE, 1).await.decision;
-    let expected = (Some(Denial::Limited), Some(Duration::from_millis(200)));
-    assert_eq!((d.denial, d.retry_after), expected);
+    let wait = Duration::from_millis(200);
+    assert_eq!(d.denial, Some(Denial::Limited { retry_after: wait }));
     // `or` is reached by Alice's own leaf; `and` also needs the global one (6 of 10 used).
     admit(&l, "or", ALICE, 5).await;
-    assert!(!check(&l, "or", ALICE, 1).await.decision.allowed);
-    assert!(check(&l, "and", ALICE, 1).await.decision.allowed);
+    assert!(!check(&l, "or", ALICE, 1).await.decision.allowed());
+    assert!(check(&l, "and", ALICE, 1).await.decision.allowed());
 }
 
 #[tokio::test]
@@ -411,7 +440,7 @@ async fn penalty_records_do_not_collide_with_a_selector_named_penalty() {
     // This user value is spelled like `a`'s rate: its penalty record is `a`'s counter's name,
     // and an admitted hit (no strike, so the record is dropped) deletes that counter.
     admit(&l, "b", &[("user", "1/m")], 1).await;
-    assert!(!check(&l, "a", victim, 1).await.decision.allowed);
+    assert!(!check(&l, "a", victim, 1).await.decision.allowed());
 }
 
 #[test]
@@ -419,11 +448,11 @@ fn try_check_now_decides_on_the_memory_store_exactly_as_check() {
     let (l, clock) = limiter([policy("p", "user:3/m")]);
     for i in 0..3 {
         let checked = l.try_check_now("p", ALICE, 1).expect("memory decides now");
-        assert!(checked.unwrap().decision.allowed, "hit {i}");
+        assert!(checked.unwrap().decision.allowed(), "hit {i}");
     }
     let denied = l.try_check_now("p", ALICE, 1).unwrap().unwrap().decision;
-    assert!(!denied.allowed);
-    assert_eq!(denied.retry_after, Some(secs(20)));
+    assert!(!denied.allowed());
+    assert_eq!(denied.retry_after(), Some(secs(20)));
     // A peek records nothing: the same answer twice.
     let peeked = l.try_peek_now("p", BOB, 1).unwrap().unwrap().decision;
     assert_eq!(peeked.remaining, 2);
@@ -434,13 +463,13 @@ fn try_check_now_decides_on_the_memory_store_exactly_as_check() {
     // The same counters as the async path: 20 s later one more hit passes, then none.
     clock.advance(secs(20));
     let async_path = futures_lite(l.check("p", ALICE, 1));
-    assert!(async_path.unwrap().decision.allowed);
+    assert!(async_path.unwrap().decision.allowed());
     assert!(
         !l.try_check_now("p", ALICE, 1)
             .unwrap()
             .unwrap()
             .decision
-            .allowed
+            .allowed()
     );
 }
 
@@ -460,7 +489,7 @@ fn try_check_now_reports_errors_without_recording() {
             .unwrap()
             .unwrap()
             .decision
-            .allowed
+            .allowed()
     );
 }
 

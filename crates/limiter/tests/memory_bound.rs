@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use sluice_core::{Decision, Evaluation, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, ManualClock, MemoryStore};
+use sluice_limiter::{Hit, Identifier, ManualClock, MemoryStore};
 
 const START: u64 = 1_700_000_000_000_000_000;
 const SHAPE: Shape = Shape::Leaf(0);
@@ -18,7 +18,7 @@ fn gcra(count: u64, unit: Unit, burst: Option<u64>) -> Quota {
 }
 
 fn decide(store: &MemoryStore, quota: Quota, identifier: &str, recording: Recording) -> Decision {
-    let identifiers = [identifier.to_string()];
+    let identifiers = [Identifier::new(identifier)];
     let quotas = [quota];
     let hit = Hit {
         identifiers: &identifiers,
@@ -76,7 +76,7 @@ fn flood(shards: usize) {
 
     let flood = 200_000;
     for i in 0..flood {
-        assert!(hit(&store, quota, &format!("flood:{i}")).allowed);
+        assert!(hit(&store, quota, &format!("flood:{i}")).allowed());
         let stats = store.stats();
         assert!(
             stats.identifiers <= stats.capacity,
@@ -104,8 +104,8 @@ fn a_full_store_drops_expired_state_before_evicting_live_state() {
     let long = gcra(1, Unit::Hour, None);
     let short = gcra(1, Unit::Second, None);
     for i in 0..500 {
-        assert!(hit(&store, long, &format!("long:{i}")).allowed);
-        assert!(hit(&store, short, &format!("short:{i}")).allowed);
+        assert!(hit(&store, long, &format!("long:{i}")).allowed());
+        assert!(hit(&store, short, &format!("short:{i}")).allowed());
     }
     let stats = store.stats();
     assert_eq!(
@@ -116,7 +116,7 @@ fn a_full_store_drops_expired_state_before_evicting_live_state() {
     assert_eq!((stats.evictions, stats.expired), (0, 0), "{stats:?}");
 
     clock.advance(Duration::from_secs(2));
-    assert!(hit(&store, long, "newcomer").allowed);
+    assert!(hit(&store, long, "newcomer").allowed());
 
     let stats = store.stats();
     assert_eq!(stats.expired, 500, "{stats:?}");
@@ -125,7 +125,7 @@ fn a_full_store_drops_expired_state_before_evicting_live_state() {
     for i in 0..500 {
         // Still limited: the hour-long state survived (a fresh one would admit).
         assert!(
-            !peek(&store, long, &format!("long:{i}")).allowed,
+            !peek(&store, long, &format!("long:{i}")).allowed(),
             "long:{i} was dropped"
         );
     }
@@ -139,11 +139,11 @@ fn eviction_takes_the_identifiers_whose_state_expires_soonest() {
     let quota = gcra(100, Unit::Minute, None);
     for i in 0..100 {
         for _ in 0..50 {
-            assert!(hit(&store, quota, &format!("heavy:{i}")).allowed);
+            assert!(hit(&store, quota, &format!("heavy:{i}")).allowed());
         }
     }
     for i in 0..900 {
-        assert!(hit(&store, quota, &format!("light:{i}")).allowed);
+        assert!(hit(&store, quota, &format!("light:{i}")).allowed());
     }
     assert_eq!(store.stats().identifiers, 1_000);
 
@@ -152,7 +152,7 @@ fn eviction_takes_the_identifiers_whose_state_expires_soonest() {
         if i % 1_000 == 0 {
             clock.advance(Duration::from_millis(100));
         }
-        assert!(hit(&store, quota, &format!("flood:{i}")).allowed);
+        assert!(hit(&store, quota, &format!("flood:{i}")).allowed());
     }
     let stats = store.stats();
     assert!(stats.evictions >= 5_000, "{stats:?}");
@@ -163,7 +163,7 @@ fn eviction_takes_the_identifiers_whose_state_expires_soonest() {
     // (0 whole tokens), so 49 left after this hit. A fresh state would leave 99.
     for i in 0..100 {
         let decision = peek(&store, quota, &format!("heavy:{i}"));
-        assert!(decision.allowed);
+        assert!(decision.allowed());
         assert_eq!(decision.remaining, 49, "heavy:{i} was evicted");
     }
     // The original one-hit identifiers were the idlest and went first.
@@ -183,10 +183,10 @@ fn sweep_drops_expired_state_and_nothing_else() {
     let long = gcra(1, Unit::Hour, None);
     let short = gcra(1, Unit::Second, None);
     for i in 0..300 {
-        assert!(hit(&store, short, &format!("short:{i}")).allowed);
+        assert!(hit(&store, short, &format!("short:{i}")).allowed());
     }
     for i in 0..200 {
-        assert!(hit(&store, long, &format!("long:{i}")).allowed);
+        assert!(hit(&store, long, &format!("long:{i}")).allowed());
     }
 
     // Before anything expires, a sweep drops nothing.
@@ -202,7 +202,7 @@ fn sweep_drops_expired_state_and_nothing_else() {
     assert_eq!(stats.evictions, 0, "{stats:?}");
     for i in 0..200 {
         assert!(
-            !peek(&store, long, &format!("long:{i}")).allowed,
+            !peek(&store, long, &format!("long:{i}")).allowed(),
             "long:{i} was dropped"
         );
     }

@@ -6,7 +6,7 @@
 use std::alloc::System;
 
 use sluice_core::{Evaluation, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, ManualClock, MemoryStore};
+use sluice_limiter::{Hit, Identifier, ManualClock, MemoryStore};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -18,8 +18,8 @@ const MAX_BYTES_PER_IDENTIFIER: f64 = 76.0;
 
 #[test]
 fn a_million_short_identifiers_fit_in_the_documented_bytes() {
-    let identifiers: Vec<[String; 1]> = (0..IDENTIFIERS)
-        .map(|i| [format!("api:user:{i:07}:10/s")])
+    let identifiers: Vec<[Identifier; 1]> = (0..IDENTIFIERS)
+        .map(|i| [Identifier::new(format!("api:user:{i:07}:10/s"))])
         .collect();
     assert!(identifiers.iter().all(|[id]| id.len() <= 24));
     let quotas = [Quota::gcra(
@@ -41,7 +41,11 @@ fn a_million_short_identifiers_fit_in_the_documented_bytes() {
     };
     // A thread's first hit on any store registers the thread with the shards' locks, once
     // per thread and for the thread's life: not the store's memory, so done before counting.
-    assert!(MemoryStore::new().decide_now(&hit(&identifiers[0])).allowed);
+    assert!(
+        MemoryStore::new()
+            .decide_now(&hit(&identifiers[0]))
+            .allowed()
+    );
 
     let region = Region::new(GLOBAL);
     let store = MemoryStore::builder()
@@ -49,7 +53,7 @@ fn a_million_short_identifiers_fit_in_the_documented_bytes() {
         .max_identifiers(2 * IDENTIFIERS)
         .build();
     for identifier in &identifiers {
-        assert!(store.decide_now(&hit(identifier)).allowed);
+        assert!(store.decide_now(&hit(identifier)).allowed());
     }
     let change = region.change();
     assert_eq!(store.stats().identifiers, IDENTIFIERS);

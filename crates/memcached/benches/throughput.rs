@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, Store};
+use sluice_limiter::{Hit, Identifier, Store};
 use sluice_memcached::MemcachedStore;
 use sluice_memcached::testing::MemcachedServer;
 use sluice_redis::RedisStore;
@@ -30,7 +30,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// One round: decisions per second with `CALLERS` tasks over `keys` keys.
-async fn round<S: Store + Clone>(store: &S, quota: Quota, keys: Arc<Vec<[String; 1]>>) -> f64 {
+async fn round<S: Store + Clone>(store: &S, quota: Quota, keys: Arc<Vec<[Identifier; 1]>>) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
@@ -61,7 +61,7 @@ async fn round<S: Store + Clone>(store: &S, quota: Quota, keys: Arc<Vec<[String;
                     penalty_identifier: None,
                 };
                 let decision = store.decide(&hit).await.expect("a decision");
-                admitted.fetch_add(u64::from(decision.allowed), Ordering::Relaxed);
+                admitted.fetch_add(u64::from(decision.allowed()), Ordering::Relaxed);
                 done.fetch_add(1, Ordering::Relaxed);
                 i = i.wrapping_add(7919);
             }
@@ -109,12 +109,14 @@ fn main() {
         .block_on(RedisStore::builder(&redis.url()).timeout(timeout).connect())
         .expect("connect to redis");
     for (name, count) in [("keys_1", 1), ("keys_1000000", KEYS_MANY)] {
-        let keys = |algorithm: &str| -> Arc<Vec<[String; 1]>> {
+        let keys = |algorithm: &str| -> Arc<Vec<[Identifier; 1]>> {
             Arc::new(
                 (0..count)
                     .map(|i| {
-                        [format!(
-                            "bench:{name}:{algorithm}:{{user-{i}}}:3600000000/h"
+                        [Identifier::grouped(
+                            &format!("bench:{name}:{algorithm}:"),
+                            &format!("user-{i}"),
+                            ":3600000000/h",
                         )]
                     })
                     .collect(),

@@ -51,14 +51,6 @@ use crate::value::{Stored, decode, encode_penalty};
 /// Times here are nanoseconds: memcached holds our own numbers, not a clock of its own.
 const TICK_NS: u64 = 1;
 
-fn has_and(shape: &Shape) -> bool {
-    match shape {
-        Shape::Leaf(_) => false,
-        Shape::And(_) => true,
-        Shape::Or(children) => children.iter().any(has_and),
-    }
-}
-
 /// Whether the rule is reached, taking leaves not yet judged as `unknown_reached`.
 fn reached(shape: &Shape, known: &[Option<bool>], unknown_reached: bool) -> bool {
     match shape {
@@ -78,7 +70,7 @@ impl Inner {
     ) -> Result<Decision, MemcachedError> {
         let ev = &hit.evaluation;
         let counting = ev.recording != Recording::Never && ev.cost > 0;
-        if !(counting && has_and(ev.shape)) {
+        if !(counting && ev.shape.has_and()) {
             return self.decide_in_steps(hit, now, deadline).await;
         }
         let keys = lease_keys(&hit.identifiers[0]);
@@ -121,12 +113,12 @@ impl Inner {
                     .await?
                     .verdict;
                 return Ok(Decision {
-                    allowed: false,
+                    denial: Some(Denial::Penalized {
+                        retry_after: ticks(wait, TICK_NS),
+                    }),
                     limit: first.limit,
                     remaining: 0,
                     reset_after: ticks(first.reset_after.max(wait), TICK_NS),
-                    retry_after: Some(ticks(wait, TICK_NS)),
-                    denial: Some(Denial::Penalized),
                     leaf: 0,
                 });
             }
@@ -141,12 +133,10 @@ impl Inner {
         let deadline = Deadline::after(self.timeout);
 
         if counting {
-            let count_denied = ev.recording == Recording::Always
-                && decision.denial != Some(Denial::CostExceedsCapacity);
-            if decision.allowed || count_denied {
+            if ev.recording.records_decision(&decision) {
                 self.record_the_rest(hit, &leaves, &mut judged, now, deadline)
                     .await;
-                if !decision.allowed {
+                if !decision.allowed() {
                     // A denied hit that counts makes the wait longer: report the wait of the
                     // recorded states, as the core does.
                     let after: Vec<_> = (judged.iter().zip(ev.quotas))
@@ -156,7 +146,7 @@ impl Inner {
                         })
                         .collect();
                     let recorded = decide_verdicts(ev.shape, &after, TICK_NS);
-                    if !recorded.allowed {
+                    if !recorded.allowed() {
                         decision = recorded;
                     }
                 }
@@ -176,16 +166,16 @@ impl Inner {
             }
         }
 
-        if let (Some((config, keys)), Some(Denial::Limited)) = (&penalty, decision.denial)
+        if let (Some((config, keys)), Some(Denial::Limited { retry_after })) =
+            (&penalty, decision.denial)
             && ev.recording != Recording::Never
         {
             match self.strike(keys, config, now, deadline).await {
                 Ok(wait) => {
                     let wait = ticks(wait, TICK_NS);
-                    if decision.retry_after.is_none_or(|r| r < wait) {
-                        decision.retry_after = Some(wait);
+                    if retry_after < wait {
+                        decision.denial = Some(Denial::Penalized { retry_after: wait });
                         decision.reset_after = decision.reset_after.max(wait);
-                        decision.denial = Some(Denial::Penalized);
                     }
                 }
                 Err(_) => Counters::bump(&self.pool.counters.unfinished),

@@ -11,7 +11,7 @@
 //!     .policy(Policy::new("api", "apikey:100/m algorithm=sliding-window")?)
 //!     .build()?;
 //! let checked = limiter.check("api", &[("apikey", "k-123")], 1).await?;
-//! assert!(checked.decision.allowed);
+//! assert!(checked.decision.allowed());
 //! # Ok(()) }
 //! ```
 //!

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::Decision;
-use sluice_limiter::{Clock, Hit, Store, StoreError, SystemClock};
+use sluice_limiter::{Clock, Hit, Identifier, Store, StoreError, SystemClock};
 
 use crate::MemcachedError;
 use crate::cas::{Combiner, DEFAULT_CAS_TRIES};
@@ -197,7 +197,7 @@ impl MemcachedStore {
 
     /// Forgets `identifiers`: their `|s` state, and for sliding-window leaves the counters
     /// of the sub-windows around now (found through the `|m` record).
-    async fn forget(&self, identifiers: &[String]) -> Result<(), MemcachedError> {
+    async fn forget(&self, identifiers: &[Identifier]) -> Result<(), MemcachedError> {
         let inner = &self.inner;
         let deadline = Deadline::after(inner.timeout);
         let now = inner.clock.now();
@@ -243,7 +243,7 @@ impl Store for MemcachedStore {
         }
     }
 
-    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+    async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         Ok(self.forget(identifiers).await?)
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Clock, Hit, Store, StoreError, SystemClock};
+use sluice_limiter::{Clock, Hit, Identifier, Store, StoreError, SystemClock};
 use sluice_memcached::MemcachedStore;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
@@ -56,7 +56,7 @@ fn quota(algorithm: Algorithm) -> Quota {
 }
 
 async fn decide(store: &MemcachedStore, algorithm: Algorithm) -> Result<bool, StoreError> {
-    let identifiers = ["ns:k:user:alice:100/h".to_owned()];
+    let identifiers = [Identifier::new("ns:k:user:alice:100/h")];
     let shape = Shape::Leaf(0);
     let quotas = [quota(algorithm)];
     let hit = Hit {
@@ -70,7 +70,7 @@ async fn decide(store: &MemcachedStore, algorithm: Algorithm) -> Result<bool, St
         },
         penalty_identifier: None,
     };
-    store.decide(&hit).await.map(|d| d.allowed)
+    store.decide(&hit).await.map(|d| d.allowed())
 }
 
 async fn connect(url: &str) -> MemcachedStore {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::{Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, Store};
+use sluice_limiter::{Hit, Identifier, Store};
 use sluice_redis::RedisStore;
 use sluice_redis::testing::RedisServer;
 
@@ -27,7 +27,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// One round of the store: decisions per second with `CALLERS` tasks over `keys` keys.
-async fn store_round(store: &RedisStore, quota: Quota, keys: Arc<Vec<[String; 1]>>) -> f64 {
+async fn store_round(store: &RedisStore, quota: Quota, keys: Arc<Vec<[Identifier; 1]>>) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
@@ -58,7 +58,7 @@ async fn store_round(store: &RedisStore, quota: Quota, keys: Arc<Vec<[String; 1]
                     penalty_identifier: None,
                 };
                 let decision = store.decide(&hit).await.expect("a decision");
-                admitted.fetch_add(u64::from(decision.allowed), Ordering::Relaxed);
+                admitted.fetch_add(u64::from(decision.allowed()), Ordering::Relaxed);
                 done.fetch_add(1, Ordering::Relaxed);
                 i = i.wrapping_add(7919);
             }
@@ -129,9 +129,15 @@ fn main() {
         .block_on(RedisStore::connect(&redis.url()))
         .expect("connect");
     for (name, count) in [("keys_1", 1), ("keys_1000000", KEYS_MANY)] {
-        let keys: Arc<Vec<[String; 1]>> = Arc::new(
+        let keys: Arc<Vec<[Identifier; 1]>> = Arc::new(
             (0..count)
-                .map(|i| [format!("bench:{name}:{{user-{i}}}:1000000/s")])
+                .map(|i| {
+                    [Identifier::grouped(
+                        &format!("bench:{name}:"),
+                        &format!("user-{i}"),
+                        ":1000000/s",
+                    )]
+                })
                 .collect(),
         );
         let (mut ours, mut ceiling) = (Vec::new(), Vec::new());

@@ -48,12 +48,17 @@ pub static SPLIT: LazyLock<Lua> = LazyLock::new(|| {
 /// The Lua library alone, for test entry points that pass `now` themselves.
 pub const ALGORITHMS_LUA: &str = include_str!("lua/algorithms.lua");
 
-pub(crate) fn algorithm_code(algorithm: Algorithm) -> u8 {
+/// The script's number for `algorithm`. An algorithm the script does not know is an error,
+/// never another algorithm's decision.
+pub(crate) fn algorithm_code(algorithm: Algorithm) -> Result<u8, RedisError> {
     match algorithm {
-        Algorithm::SlidingWindow => 2,
-        Algorithm::SlidingLog => 3,
-        Algorithm::FixedWindow => 4,
-        _ => 1,
+        Algorithm::Gcra => Ok(1),
+        Algorithm::SlidingWindow => Ok(2),
+        Algorithm::SlidingLog => Ok(3),
+        Algorithm::FixedWindow => Ok(4),
+        other => Err(RedisError::Unsupported(format!(
+            "the Redis store has no script for algorithm `{other}`"
+        ))),
     }
 }
 
@@ -95,7 +100,7 @@ pub fn arguments(hit: &Hit<'_>, token: u64) -> Result<Vec<String>, RedisError> {
     args.push(ev.quotas.len().to_string());
     for quota in ev.quotas {
         let q = micro(quota)?;
-        args.push(algorithm_code(q.algorithm()).to_string());
+        args.push(algorithm_code(q.algorithm())?.to_string());
         args.push(q.limit().to_string());
         args.push(q.window_ticks().to_string());
         args.push(q.interval_ticks().to_string());
@@ -132,22 +137,31 @@ pub fn decision(reply: &[i64]) -> Result<Decision, RedisError> {
             "expected 7 integers, got {reply:?}"
         )));
     };
-    let denial = match denial {
-        0 => None,
-        1 => Some(Denial::Limited),
-        2 => Some(Denial::CostExceedsCapacity),
-        3 => Some(Denial::Penalized),
-        other => return Err(RedisError::Reply(format!("unknown denial code {other}"))),
-    };
     let count =
         |n: &i64| u64::try_from(*n).map_err(|_| RedisError::Reply(format!("negative value {n}")));
+    let retry = || count(retry_after).map(|n| ticks(n, TICK_NS));
+    // Only the combinations the script makes are accepted: a reply that contradicts itself
+    // is the store's fault, never an admission.
+    let denial = match (allowed, denial) {
+        (1, 0) => None,
+        (0, 1) => Some(Denial::Limited {
+            retry_after: retry()?,
+        }),
+        (0, 2) => Some(Denial::CostExceedsCapacity),
+        (0, 3) => Some(Denial::Penalized {
+            retry_after: retry()?,
+        }),
+        _ => {
+            return Err(RedisError::Reply(format!(
+                "allowed {allowed} with denial code {denial}"
+            )));
+        }
+    };
     Ok(Decision {
-        allowed: *allowed == 1,
+        denial,
         limit: count(limit)?,
         remaining: count(remaining)?,
         reset_after: ticks(count(reset_after)?, TICK_NS),
-        retry_after: (*retry_after >= 0).then(|| ticks(*retry_after as u64, TICK_NS)),
-        denial,
         leaf: count(leaf)? as usize,
     })
 }

@@ -26,18 +26,23 @@
 use std::collections::BTreeMap;
 
 use sluice_core::decision::ticks;
-use sluice_core::{Decision, Denial, Recording, Retry, Shape, Verdict, decide_verdicts};
+use sluice_core::{Decision, Denial, Recording, Retry, Verdict, decide_verdicts};
 use sluice_limiter::Hit;
 
 use crate::RedisError;
 use crate::script::{SPLIT, TICK_NS, micro};
-use crate::slot::slot;
+use crate::slot::{key, slot_of};
 use crate::store::RedisStore;
 
 struct Call<'a> {
     mode: &'a str,
-    keys: Vec<&'a str>,
+    keys: Vec<String>,
     args: Vec<String>,
+}
+
+/// The Redis keys of `leaves` of `hit`.
+fn keys_of(hit: &Hit<'_>, leaves: &[usize]) -> Vec<String> {
+    leaves.iter().map(|&i| key(&hit.identifiers[i])).collect()
 }
 
 impl RedisStore {
@@ -59,7 +64,7 @@ fn leaf_args(hit: &Hit<'_>, leaves: &[usize], token: u64) -> Result<Vec<String>,
     ];
     for &i in leaves {
         let q = micro(&hit.evaluation.quotas[i])?;
-        let code = crate::script::algorithm_code(q.algorithm());
+        let code = crate::script::algorithm_code(q.algorithm())?;
         args.push(i.to_string());
         for n in [
             u64::from(code),
@@ -88,21 +93,13 @@ fn penalty_args(hit: &Hit<'_>) -> Vec<String> {
         .collect()
 }
 
-fn has_and(shape: &Shape) -> bool {
-    match shape {
-        Shape::Leaf(_) => false,
-        Shape::And(_) => true,
-        Shape::Or(children) => children.iter().any(has_and),
-    }
-}
-
 /// Decides `hit` across slots (see the module documentation).
 pub async fn decide_across_slots(
     store: &RedisStore,
     hit: &Hit<'_>,
 ) -> Result<Decision, RedisError> {
     let ev = &hit.evaluation;
-    if has_and(ev.shape) {
+    if ev.shape.has_and() {
         return Err(RedisError::Unsupported(
             "an `and` rule across cluster slots: give its leaves a common selector or hash tag"
                 .into(),
@@ -111,19 +108,19 @@ pub async fn decide_across_slots(
     if let Some(penalty_key) = hit.penalty_identifier {
         let call = Call {
             mode: "pcheck",
-            keys: vec![penalty_key],
+            keys: vec![key(penalty_key)],
             args: penalty_args(hit),
         };
         let wait: u64 = store.split_call(call).await?;
         if wait > 0 {
             let quota = micro(&ev.quotas[0])?;
             return Ok(Decision {
-                allowed: false,
+                denial: Some(Denial::Penalized {
+                    retry_after: ticks(wait, TICK_NS),
+                }),
                 limit: quota.capacity(),
                 remaining: 0,
                 reset_after: ticks(wait, TICK_NS),
-                retry_after: Some(ticks(wait, TICK_NS)),
-                denial: Some(Denial::Penalized),
                 leaf: 0,
             });
         }
@@ -131,7 +128,7 @@ pub async fn decide_across_slots(
 
     let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (i, id) in hit.identifiers.iter().enumerate() {
-        groups.entry(slot(id)).or_default().push(i);
+        groups.entry(slot_of(id)).or_default().push(i);
     }
     let token = store.next_token();
     let mode = if ev.recording == Recording::Never {
@@ -143,13 +140,9 @@ pub async fn decide_across_slots(
     let mut reserved: Vec<(Vec<usize>, u64)> = Vec::new();
     let mut denied_leaves: Vec<usize> = Vec::new();
     for leaves in groups.values() {
-        let keys = leaves
-            .iter()
-            .map(|&i| hit.identifiers[i].as_str())
-            .collect();
         let call = Call {
             mode,
-            keys,
+            keys: keys_of(hit, leaves),
             args: leaf_args(hit, leaves, token)?,
         };
         let reply: Vec<i64> = store.split_call(call).await?;
@@ -188,36 +181,27 @@ pub async fn decide_across_slots(
         .collect();
     let mut decision = decide_verdicts(ev.shape, &verdicts, TICK_NS);
 
-    let count_denied =
-        ev.recording == Recording::Always && decision.denial != Some(Denial::CostExceedsCapacity);
     if ev.recording != Recording::Never && ev.cost > 0 {
-        if decision.allowed || count_denied {
+        if ev.recording.records_decision(&decision) {
             // Record the hit where it was not reserved, slot by slot.
             let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
             for &i in &denied_leaves {
                 by_slot
-                    .entry(slot(&hit.identifiers[i]))
+                    .entry(slot_of(&hit.identifiers[i]))
                     .or_default()
                     .push(i);
             }
             for leaves in by_slot.values() {
-                let keys = leaves
-                    .iter()
-                    .map(|&i| hit.identifiers[i].as_str())
-                    .collect();
                 let call = Call {
                     mode: "commit",
-                    keys,
+                    keys: keys_of(hit, leaves),
                     args: leaf_args(hit, leaves, token)?,
                 };
                 let _: i64 = store.split_call(call).await?;
             }
         } else {
             for (leaves, at) in &reserved {
-                let keys = leaves
-                    .iter()
-                    .map(|&i| hit.identifiers[i].as_str())
-                    .collect();
+                let keys = keys_of(hit, leaves);
                 let mut args = leaf_args(hit, leaves, token)?;
                 args.push(at.to_string());
                 let _: i64 = store
@@ -231,20 +215,20 @@ pub async fn decide_across_slots(
         }
     }
 
-    if let (Some(penalty_key), Some(Denial::Limited)) = (hit.penalty_identifier, decision.denial)
+    if let (Some(penalty_key), Some(Denial::Limited { retry_after })) =
+        (hit.penalty_identifier, decision.denial)
         && ev.recording != Recording::Never
     {
         let call = Call {
             mode: "pstrike",
-            keys: vec![penalty_key],
+            keys: vec![key(penalty_key)],
             args: penalty_args(hit),
         };
         let wait: u64 = store.split_call(call).await?;
         let wait = ticks(wait, TICK_NS);
-        if decision.retry_after.is_none_or(|r| r < wait) {
-            decision.retry_after = Some(wait);
+        if retry_after < wait {
+            decision.denial = Some(Denial::Penalized { retry_after: wait });
             decision.reset_after = decision.reset_after.max(wait);
-            decision.denial = Some(Denial::Penalized);
         }
     }
     Ok(decision)

@@ -9,11 +9,11 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ServerErrorKind};
 use sluice_core::Decision;
-use sluice_limiter::{Hit, Store, StoreError};
+use sluice_limiter::{Hit, Identifier, Store, StoreError};
 
 use crate::RedisError;
 use crate::script::{DECIDE, Lua, arguments, decision};
-use crate::slot::slot;
+use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
 
 /// Extra tries for a script the server answered without running (MOVED, ASK, TRYAGAIN,
@@ -182,7 +182,7 @@ impl RedisStore {
     pub(crate) async fn eval<T: redis::FromRedisValue>(
         &self,
         lua: &Lua,
-        keys: &[&str],
+        keys: &[String],
         args: &[String],
     ) -> Result<T, RedisError> {
         let call = async {
@@ -222,11 +222,11 @@ impl RedisStore {
 
     /// Decides `hit` in one script call. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
-        let keys: Vec<&str> = hit
+        let keys: Vec<String> = hit
             .identifiers
             .iter()
-            .map(String::as_str)
             .chain(hit.penalty_identifier)
+            .map(key)
             .collect();
         let args = arguments(hit, self.next_token())?;
         let reply: Vec<i64> = self.eval(&DECIDE, &keys, &args).await?;
@@ -234,10 +234,10 @@ impl RedisStore {
     }
 
     /// Clears keys one by one (a cluster may hold them in different slots).
-    async fn delete(&self, keys: &[String]) -> Result<(), RedisError> {
-        for key in keys {
+    async fn delete(&self, identifiers: &[Identifier]) -> Result<(), RedisError> {
+        for identifier in identifiers {
             let mut cmd = redis::cmd("DEL");
-            cmd.arg(key);
+            cmd.arg(key(identifier));
             tokio::time::timeout(self.inner.timeout, self.send::<()>(&cmd))
                 .await
                 .map_err(|_| RedisError::Timeout(self.inner.timeout))??;
@@ -248,13 +248,9 @@ impl RedisStore {
 
 /// Whether all keys of a hit hash to one cluster slot.
 pub fn one_slot(hit: &Hit<'_>) -> bool {
-    let mut keys = hit
-        .identifiers
-        .iter()
-        .map(String::as_str)
-        .chain(hit.penalty_identifier);
-    let first = keys.next().map(slot);
-    keys.all(|k| Some(slot(k)) == first)
+    let mut ids = hit.identifiers.iter().chain(hit.penalty_identifier);
+    let first = ids.next().map(slot_of);
+    ids.all(|id| Some(slot_of(id)) == first)
 }
 
 impl Store for RedisStore {
@@ -267,7 +263,7 @@ impl Store for RedisStore {
         Ok(self.decide_in_one_call(hit).await?)
     }
 
-    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+    async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         Ok(self.delete(identifiers).await?)
     }
 }

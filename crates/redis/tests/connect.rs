@@ -18,7 +18,7 @@ async fn admits(store: RedisStore) -> bool {
         .await
         .unwrap()
         .decision
-        .allowed
+        .allowed()
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 
-async fn limiter(url: &str, policies: Vec<Policy>) -> Arc<Limiter<RedisStore>> {
+async fn limiter(url: &str, policies: Vec<Policy>) -> Arc<Limiter> {
     let store = RedisStore::builder(url)
         .timeout(TIMEOUT)
         .connect()
@@ -23,7 +23,7 @@ async fn limiter(url: &str, policies: Vec<Policy>) -> Arc<Limiter<RedisStore>> {
 /// Runs `per_task` checks of `policy` for `user` on each of `tasks` tasks, and returns every
 /// answer with how long it took.
 async fn load(
-    limiter: &Arc<Limiter<RedisStore>>,
+    limiter: &Arc<Limiter>,
     policy: &'static str,
     user: &'static str,
     tasks: usize,
@@ -78,7 +78,7 @@ async fn killed_redis_follows_the_failure_mode_then_recovers() {
     for (policy, check) in [
         (
             "open",
-            (|c: &Checked| c.decision.allowed) as fn(&Checked) -> bool,
+            (|c: &Checked| c.decision.allowed()) as fn(&Checked) -> bool,
         ),
         ("closed", |c: &Checked| {
             c.decision.denial == Some(Denial::StoreUnavailable)
@@ -100,7 +100,7 @@ async fn killed_redis_follows_the_failure_mode_then_recovers() {
     let local_admitted = load(&limiter, "local", "b", 4, 10)
         .await
         .iter()
-        .filter(|(c, _)| c.decision.allowed)
+        .filter(|(c, _)| c.decision.allowed())
         .count();
     assert_eq!(local_admitted, 10);
     let stats = limiter.stats();
@@ -114,7 +114,7 @@ async fn killed_redis_follows_the_failure_mode_then_recovers() {
     loop {
         let checked = limiter.check("closed", &[("user", "c")], 1).await.unwrap();
         if checked.without_store.is_none() {
-            assert!(checked.decision.allowed);
+            assert!(checked.decision.allowed());
             break;
         }
         assert!(
@@ -148,7 +148,7 @@ async fn script_flush_mid_load_loses_no_decision() {
         answers.iter().all(|(c, _)| c.without_store.is_none()),
         "every decision by redis"
     );
-    let admitted = answers.iter().filter(|(c, _)| c.decision.allowed).count();
+    let admitted = answers.iter().filter(|(c, _)| c.decision.allowed()).count();
     assert_eq!(
         admitted, 500,
         "exactly the limit, with scripts reloaded as needed"
@@ -209,7 +209,7 @@ async fn a_slot_migrating_under_load_changes_nothing() {
             .await
             .unwrap()
             .decision
-            .allowed
+            .allowed()
     );
     let slot = sluice_redis::slot::slot("{hot}");
     let owner = cluster
@@ -234,7 +234,7 @@ async fn a_slot_migrating_under_load_changes_nothing() {
         answers.iter().all(|(c, _)| c.without_store.is_none()),
         "no error reached the caller"
     );
-    let admitted = answers.iter().filter(|(c, _)| c.decision.allowed).count();
+    let admitted = answers.iter().filter(|(c, _)| c.decision.allowed()).count();
     assert_eq!(
         admitted, 299,
         "exactly the limit across the move (1 admitted before it)"

@@ -18,7 +18,7 @@ async fn exercise(url: &str, namespace: &str) {
                 .await
                 .unwrap()
                 .decision;
-            assert!(d.allowed, "{algorithm}: {d:?}");
+            assert!(d.allowed(), "{algorithm}: {d:?}");
             assert_eq!(d.remaining, expected, "{algorithm}");
         }
         let d = limiter
@@ -26,9 +26,12 @@ async fn exercise(url: &str, namespace: &str) {
             .await
             .unwrap()
             .decision;
-        assert!(!d.allowed, "{algorithm}");
-        assert_eq!(d.denial, Some(Denial::Limited), "{algorithm}");
-        assert!(d.retry_after.is_some(), "{algorithm}");
+        assert!(!d.allowed(), "{algorithm}");
+        assert!(
+            matches!(d.denial, Some(Denial::Limited { .. })),
+            "{algorithm}"
+        );
+        assert!(d.retry_after().is_some(), "{algorithm}");
         // The global 8/h leaf has 3 left for others.
         for _ in 0..3 {
             assert!(
@@ -37,7 +40,7 @@ async fn exercise(url: &str, namespace: &str) {
                     .await
                     .unwrap()
                     .decision
-                    .allowed
+                    .allowed()
             );
         }
         let d = limiter
@@ -45,7 +48,7 @@ async fn exercise(url: &str, namespace: &str) {
             .await
             .unwrap()
             .decision;
-        assert!(!d.allowed, "{algorithm}: the global leaf is spent");
+        assert!(!d.allowed(), "{algorithm}: the global leaf is spent");
         let d = limiter
             .check("p", &[("user", "cat")], 9)
             .await

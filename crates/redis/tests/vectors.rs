@@ -14,7 +14,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Penalty, PenaltyState, Quota, Rate, Recording, Shape, Span, State,
     Unit,
 };
-use sluice_limiter::Hit;
+use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{ALGORITHMS_LUA, TICK_NS, arguments};
 use sluice_redis::testing::RedisServer;
 
@@ -102,8 +102,10 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
     }
 
     // ARGV exactly as the production path builds it, then `now`.
+    let ids: Vec<Identifier> = keys.iter().map(|k| Identifier::new(k.clone())).collect();
+    let penalty_id = Identifier::new(penalty_key.clone());
     let hit = Hit {
-        identifiers: &keys,
+        identifiers: &ids,
         evaluation: Evaluation {
             shape: &case.shape,
             quotas: &case.quotas,
@@ -111,7 +113,7 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
             recording: case.recording,
             penalty: case.penalty.as_ref(),
         },
-        penalty_identifier: case.penalty.is_some().then_some(penalty_key.as_str()),
+        penalty_identifier: case.penalty.is_some().then_some(&penalty_id),
     };
     let mut args = arguments(&hit, index as u64).expect("arguments");
     args.push(case.now.to_string());
@@ -124,7 +126,7 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
     let all_keys: Vec<&str> = keys
         .iter()
         .map(String::as_str)
-        .chain(hit.penalty_identifier)
+        .chain(case.penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
     run.arg(all_keys.len()).arg(&all_keys).arg(&args);
     for (key, quota) in keys.iter().zip(&case.quotas) {

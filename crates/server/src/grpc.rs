@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_limiter::Store;
 use tonic::transport::server::TcpIncoming;
 
 use crate::service::Service;
@@ -13,9 +12,9 @@ use crate::service::Service;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves Envoy's `RateLimitService` on `listener` until `shutdown` completes.
-pub async fn serve<S: Store + 'static>(
+pub async fn serve(
     listener: tokio::net::TcpListener,
-    service: Arc<Service<S>>,
+    service: Arc<Service>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()

@@ -9,7 +9,6 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use sluice_limiter::Store;
 
 use crate::service::Service;
 
@@ -17,17 +16,17 @@ use crate::service::Service;
 pub const MAX_BODY: usize = 64 * 1024;
 
 /// The routes over `service`, to merge into the main router.
-pub fn router<S: Store + 'static>(service: Arc<Service<S>>) -> Router {
+pub fn router(service: Arc<Service>) -> Router {
     Router::new()
-        .route("/json", post(crate::envoy::json::handler::<S>))
-        .route("/metrics", get(metrics::<S>))
+        .route("/json", post(crate::envoy::json::handler))
+        .route("/metrics", get(metrics))
         .route("/live", get(|| async { "ok\n" }))
-        .route("/ready", get(ready::<S>))
+        .route("/ready", get(ready))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(service)
 }
 
-async fn metrics<S: Store>(State(service): State<Arc<Service<S>>>) -> Response {
+async fn metrics(State(service): State<Arc<Service>>) -> Response {
     let extra = service.store_metrics();
     let body = service.metrics.render(service.limiter_stats(), &extra);
     (
@@ -40,7 +39,7 @@ async fn metrics<S: Store>(State(service): State<Arc<Service<S>>>) -> Response {
         .into_response()
 }
 
-async fn ready<S: Store>(State(service): State<Arc<Service<S>>>) -> Response {
+async fn ready(State(service): State<Arc<Service>>) -> Response {
     if service.is_ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {

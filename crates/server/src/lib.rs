@@ -11,9 +11,8 @@
 //!
 //! let yaml = "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n";
 //! let envoy = config::parse([(std::path::Path::new("web.yaml"), yaml)]).unwrap();
-//! let store = MemoryStore::new();
-//! let limiter = Arc::new(Limiter::builder(store.clone()).policies(envoy.policies.clone()).build().unwrap());
-//! let service = Service::new(store, limiter, envoy);
+//! let limiter = Arc::new(Limiter::builder(MemoryStore::new()).policies(envoy.policies.clone()).build().unwrap());
+//! let service = Service::new(limiter, envoy);
 //! let request = EnvoyRequest {
 //!     domain: "web".into(),
 //!     descriptors: vec![EnvoyDescriptor { entries: vec![("ip".into(), "10.0.0.1".into())], ..Default::default() }],

@@ -44,7 +44,7 @@ impl Metrics {
         let bump = |counts: &PolicyCounts| {
             let counter = match result {
                 Ok(c) if c.shadow_denied => &counts.shadow_denied,
-                Ok(c) if c.decision.allowed => &counts.allowed,
+                Ok(c) if c.decision.allowed() => &counts.allowed,
                 Ok(_) => &counts.denied,
                 Err(_) => &counts.errors,
             };

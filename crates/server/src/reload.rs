@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use sluice_limiter::{Policy, Store};
+use sluice_limiter::Policy;
 
 use crate::envoy::config::{self, EnvoyConfig};
 use crate::service::Service;
@@ -31,7 +31,7 @@ pub fn loader(
 }
 
 /// Loads and installs the config; on error logs it and keeps the old one.
-pub fn reload<S: Store>(service: &Service<S>, load: &Loader) -> bool {
+pub fn reload(service: &Service, load: &Loader) -> bool {
     let outcome = load()
         .and_then(|(policies, envoy)| service.replace(policies, envoy).map_err(|e| e.to_string()));
     match outcome {
@@ -74,8 +74,8 @@ fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
 /// Starts reloading on SIGHUP and when anything under `watched` changes. The SIGHUP
 /// handler is installed before this returns, so a SIGHUP sent once the service announces
 /// itself reloads rather than kills it. Must be called within a Tokio runtime.
-pub fn spawn<S: Store + 'static>(
-    service: Arc<Service<S>>,
+pub fn spawn(
+    service: Arc<Service>,
     load: Loader,
     watched: Vec<PathBuf>,
 ) -> tokio::task::JoinHandle<()> {
@@ -91,8 +91,8 @@ type Hangup = tokio::signal::unix::Signal;
 #[cfg(not(unix))]
 type Hangup = ();
 
-async fn watch<S: Store>(
-    service: Arc<Service<S>>,
+async fn watch(
+    service: Arc<Service>,
     load: Loader,
     watched: Vec<PathBuf>,
     #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hangup: Option<Hangup>,

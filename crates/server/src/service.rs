@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use parking_lot::RwLock;
-use sluice_limiter::{Checked, Error, Limiter, Policy, PolicyError, Store};
+use sluice_limiter::{Checked, Error, Limiter, Policy, PolicyError};
 
 use crate::envoy::config::EnvoyConfig;
 use crate::metrics::Metrics;
@@ -17,9 +17,9 @@ use crate::metrics::Metrics;
 pub const MAX_DYNAMIC_POLICIES: usize = 4_096;
 
 /// Everything the listeners share.
-pub struct Service<S> {
-    pub limiter: Arc<Limiter<S>>,
-    dynamic: Limiter<S>,
+pub struct Service {
+    pub limiter: Arc<Limiter>,
+    dynamic: Limiter,
     envoy: RwLock<Arc<EnvoyConfig>>,
     pub metrics: Metrics,
     ready: AtomicBool,
@@ -29,14 +29,15 @@ pub struct Service<S> {
     pub store_metrics: Option<Box<dyn Fn() -> String + Send + Sync>>,
 }
 
-impl<S: Store + Clone> Service<S> {
-    /// A service over `limiter` (configured policies) whose store is `store`.
-    pub fn new(store: S, limiter: Arc<Limiter<S>>, envoy: EnvoyConfig) -> Service<S> {
+impl Service {
+    /// A service over `limiter` (configured policies); policies made on the fly use the
+    /// same store.
+    pub fn new(limiter: Arc<Limiter>, envoy: EnvoyConfig) -> Service {
         Service {
-            limiter,
-            dynamic: Limiter::builder(store)
+            dynamic: Limiter::builder(limiter.store().clone())
                 .build()
                 .expect("no policies to reject"),
+            limiter,
             envoy: RwLock::new(Arc::new(envoy)),
             metrics: Metrics::default(),
             ready: AtomicBool::new(false),
@@ -46,7 +47,7 @@ impl<S: Store + Clone> Service<S> {
     }
 }
 
-impl<S: Store> Service<S> {
+impl Service {
     /// The store's own metric lines, if it reports any.
     pub fn store_metrics(&self) -> String {
         self.store_metrics.as_ref().map(|f| f()).unwrap_or_default()

@@ -46,8 +46,8 @@ impl Reason {
     /// fault and gets 503, not 429.
     pub(crate) fn of(decision: &Decision) -> Option<Reason> {
         match decision.denial {
-            Some(Denial::Limited) => Some(Reason::Limited),
-            Some(Denial::Penalized) => Some(Reason::Penalized),
+            Some(Denial::Limited { .. }) => Some(Reason::Limited),
+            Some(Denial::Penalized { .. }) => Some(Reason::Penalized),
             Some(Denial::CostExceedsCapacity) => Some(Reason::CostExceedsCapacity),
             _ => None,
         }
@@ -124,7 +124,7 @@ pub fn problem(denied: &Denied<'_>) -> Response<Bytes> {
         body["limit"] = d.limit.into();
         body["remaining"] = d.remaining.into();
         body["reset_after"] = ceil_secs(d.reset_after).into();
-        body["retry_after"] = d.retry_after.map(ceil_secs).into();
+        body["retry_after"] = d.retry_after().map(ceil_secs).into();
     }
     if let Some(offer) = denied.challenge {
         body["challenge"] = Value::Object(offer.fields.clone());
@@ -151,7 +151,7 @@ pub(crate) fn status_of(reason: Reason) -> StatusCode {
 pub(crate) fn detail(denied: &Denied<'_>) -> String {
     let wait = denied
         .decision
-        .and_then(|d| d.retry_after)
+        .and_then(|d| d.retry_after())
         .map(|r| format!("; retry after {} s", ceil_secs(r)))
         .unwrap_or_default();
     let policy = denied.policy;

@@ -38,7 +38,7 @@ pub(crate) fn denied(denied: &Denied<'_>) -> Response<Bytes> {
         Reason::DenyListed => PERMISSION_DENIED,
         _ => RESOURCE_EXHAUSTED,
     };
-    let retry = denied.decision.and_then(|d| d.retry_after);
+    let retry = denied.decision.and_then(|d| d.retry_after());
     status(code, &detail(denied), retry)
 }
 

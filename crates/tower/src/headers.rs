@@ -139,7 +139,7 @@ impl PolicyFields {
             headers.insert(X_RATELIMIT_RESET.clone(), integer(reset));
         }
         if denied && which.retry_after {
-            retry_after(headers, decision.retry_after);
+            retry_after(headers, decision.retry_after());
         }
     }
 }

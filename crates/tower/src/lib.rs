@@ -38,7 +38,7 @@
 //! pick methods, paths and networks; [`Outcomes`] counts only some responses (failed
 //! logins); [`Headers`] switches the header fields; hooks render denials and feed an audit
 //! log; a [`Challenge`](challenge::Challenge) such as [`ProofOfWork`] lets a refused client
-//! prove good faith; [`LimiterExt`] limits any block of code.
+//! prove good faith. (To limit any block of code, see `Limiter::run` in `sluice-limiter`.)
 
 #![forbid(unsafe_code)]
 
@@ -52,7 +52,6 @@ pub mod headers;
 pub mod key;
 mod outcome;
 pub mod rate_limit;
-mod run;
 
 pub use challenge::ProofOfWork;
 pub use denied::{Denied, Reason};
@@ -64,4 +63,3 @@ pub use rate_limit::{
     LayerStats, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
     WhenMissing,
 };
-pub use run::{LimiterExt, Permit, Refused};

@@ -1,16 +1,15 @@
-//! Beyond HTTP and waiting: `run`, `admit_within` and the layer's waiting mode, on tokio's
-//! paused clock (the limiter reads the same virtual time, so waits are exact and instant).
-//! Also what the layer does when the limiter cannot decide.
+//! The layer's waiting mode, on tokio's paused clock (the limiter reads the same virtual
+//! time, so waits are exact and instant), and what the layer does when the limiter cannot
+//! decide.
 
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{START, app, clock, get_request, limiter, send};
 use sluice_limiter::{Clock, Limiter, MemoryStore, Policy};
-use sluice_tower::{Key, LimiterExt, RateLimitLayer, Refused};
+use sluice_tower::{Key, RateLimitLayer};
 use tokio::time::Instant;
 
 /// The limiter's time is tokio's (paused) time.
@@ -23,7 +22,7 @@ impl Clock for TokioClock {
     }
 }
 
-fn tokio_limiter(rule: &str) -> Arc<Limiter<MemoryStore>> {
+fn tokio_limiter(rule: &str) -> Arc<Limiter> {
     let clock = TokioClock(Instant::now());
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let limiter = Limiter::builder(store)
@@ -32,66 +31,6 @@ fn tokio_limiter(rule: &str) -> Arc<Limiter<MemoryStore>> {
         .build()
         .unwrap();
     Arc::new(limiter)
-}
-
-const QUEUE: &[(&str, &str)] = &[("queue", "mail")];
-
-#[tokio::test(start_paused = true)]
-async fn run_limits_a_block_of_code() {
-    let limiter = tokio_limiter("queue:2/s");
-    let ran = AtomicU32::new(0);
-    for _ in 0..3 {
-        let _ = limiter
-            .run("jobs", QUEUE, async { ran.fetch_add(1, Ordering::SeqCst) })
-            .await;
-    }
-    assert_eq!(ran.load(Ordering::SeqCst), 2, "the third block never ran");
-    let refused = limiter.run("jobs", QUEUE, async {}).await.unwrap_err();
-    assert_eq!(refused.retry_after(), Some(Duration::from_millis(500)));
-    assert!(refused.is_transient());
-    assert!(matches!(refused, Refused::Limited(_)));
-}
-
-#[tokio::test(start_paused = true)]
-async fn waiting_mode_sleeps_until_admitted() {
-    let limiter = tokio_limiter("queue:2/s");
-    let started = Instant::now();
-    for _ in 0..2 {
-        let permit = limiter.admit("jobs", QUEUE, 1).await.unwrap();
-        assert_eq!(permit.waited, Duration::ZERO);
-    }
-    let permit = limiter
-        .admit_within("jobs", QUEUE, 1, Duration::from_secs(1))
-        .await
-        .unwrap();
-    assert_eq!(permit.waited, Duration::from_millis(500));
-    assert_eq!(started.elapsed(), Duration::from_millis(500));
-
-    let result = limiter
-        .run_within("jobs", QUEUE, Duration::from_secs(2), async { "sent" })
-        .await;
-    assert_eq!(result, Ok("sent"));
-    assert_eq!(started.elapsed(), Duration::from_secs(1));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_wait_past_the_bound_is_not_started() {
-    let limiter = tokio_limiter("queue:1/m");
-    limiter.admit("jobs", QUEUE, 1).await.unwrap();
-    let started = Instant::now();
-    let refused = limiter
-        .admit_within("jobs", QUEUE, 1, Duration::from_secs(59))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.retry_after(), Some(Duration::from_secs(60)));
-    assert_eq!(started.elapsed(), Duration::ZERO, "refused at once");
-    // A cost the limit can never admit is refused at once, and says retrying cannot help.
-    let refused = limiter
-        .admit_within("jobs", QUEUE, 5, Duration::from_secs(3600))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.retry_after(), None);
-    assert!(!refused.is_transient());
 }
 
 #[tokio::test(start_paused = true)]

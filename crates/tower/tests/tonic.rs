@@ -86,7 +86,7 @@ fn call(url: &str, tenant: &str) -> HeaderMap {
     headers
 }
 
-fn layer(limiter: Arc<Limiter<MemoryStore>>) -> RateLimitLayer {
+fn layer(limiter: Arc<Limiter>) -> RateLimitLayer {
     RateLimitLayer::builder(limiter, "rpc")
         .selector("tenant", Key::header(HeaderName::from_static("x-tenant")))
         .build()

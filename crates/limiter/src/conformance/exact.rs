@@ -28,8 +28,8 @@ pub async fn exact_numbers<F: StoreFactory>(factory: &F) {
         for (i, remaining) in (0..5).rev().enumerate() {
             let d = check(&l, name, ALICE, 1).await.decision;
             let what = format!("{name}: hit {}", i + 1);
-            assert!(d.allowed, "{what} denied: {d:?}");
-            assert_eq!((d.retry_after, d.denial), (None, None), "{what}");
+            assert!(d.allowed(), "{what} denied: {d:?}");
+            assert_eq!((d.retry_after(), d.denial), (None, None), "{what}");
             assert_eq!((d.limit, d.remaining, d.leaf), (5, remaining, 0), "{what}");
             let reset = d.reset_after;
             match algorithm {
@@ -55,10 +55,10 @@ pub async fn exact_numbers<F: StoreFactory>(factory: &F) {
         }
         let d = check(&l, name, ALICE, 1).await.decision;
         let what = format!("{name}: the sixth hit");
-        assert!(!d.allowed, "{what} was admitted: {d:?}");
-        assert_eq!(d.denial, Some(Denial::Limited), "{what}");
+        assert!(!d.allowed(), "{what} was admitted: {d:?}");
+        assert!(matches!(d.denial, Some(Denial::Limited { .. })), "{what}");
         assert_eq!((d.limit, d.remaining, d.leaf), (5, 0, 0), "{what}");
-        let (retry, reset) = (d.retry_after, d.reset_after);
+        let (retry, reset) = (d.retry_after(), d.reset_after);
         match algorithm {
             Algorithm::Gcra => {
                 assert_retry(
@@ -87,7 +87,7 @@ pub async fn exact_numbers<F: StoreFactory>(factory: &F) {
         }
         // Counters are per user.
         let d = check(&l, name, BOB, 1).await.decision;
-        assert_eq!((d.allowed, d.remaining), (true, 4), "{name}: bob");
+        assert_eq!((d.allowed(), d.remaining), (true, 4), "{name}: bob");
     }
 }
 
@@ -118,12 +118,13 @@ pub async fn exact_under_concurrency_each_algorithm<F: StoreFactory>(factory: &F
             };
             let outcomes = hammer(from_ref(&l), &name, TASKS, 5, |_| attempt.clone()).await;
             assert_eq!(total(&outcomes), 100, "{name}: admitted of 320");
-            let limited = count(&outcomes, |c| c.decision.denial == Some(Denial::Limited));
+            let limited = count(&outcomes, |c| {
+                matches!(c.decision.denial, Some(Denial::Limited { .. }))
+            });
             assert_eq!(limited, 220, "{name}: denied as Limited");
             let after = peek(&l, &name, selectors, 1).await.decision;
-            assert_eq!(
-                after.denial,
-                Some(Denial::Limited),
+            assert!(
+                matches!(after.denial, Some(Denial::Limited { .. })),
                 "{name}: after the race"
             );
         }
@@ -166,7 +167,7 @@ pub async fn exact_compound_rules<F: StoreFactory>(factory: &F) {
             assert!(mine <= 100, "{rule}: {user} admitted {mine}");
         }
         let newcomer = peek(&l, &name, &[("user", "newcomer")], 1).await.decision;
-        assert!(!newcomer.allowed, "{rule}: the global leaf is spent");
+        assert!(!newcomer.allowed(), "{rule}: the global leaf is spent");
         assert_eq!(newcomer.leaf, 1, "{rule}: the global leaf decides");
     }
 
@@ -219,35 +220,37 @@ pub async fn costs_above_one<F: StoreFactory>(factory: &F) {
         for hit in 1..=19 {
             let d = check(&l, name, seq, 5).await.decision;
             assert_eq!(
-                (d.allowed, d.remaining),
+                (d.allowed(), d.remaining),
                 (true, 100 - 5 * hit),
                 "{name}: hit {hit}"
             );
         }
         let d = check(&l, name, seq, 10).await.decision;
-        assert_eq!(
-            d.denial,
-            Some(Denial::Limited),
+        assert!(
+            matches!(d.denial, Some(Denial::Limited { .. })),
             "{name}: 10 units with 5 left"
         );
         assert_eq!(
-            (d.allowed, d.remaining),
+            (d.allowed(), d.remaining),
             (false, 5),
             "{name}: 10 units with 5 left"
         );
         let d = check(&l, name, seq, 5).await.decision;
         assert_eq!(
-            (d.allowed, d.remaining),
+            (d.allowed(), d.remaining),
             (true, 0),
             "{name}: the last 5 units"
         );
         let d = check(&l, name, seq, 1).await.decision;
-        assert_eq!(d.denial, Some(Denial::Limited), "{name}: one unit more");
+        assert!(
+            matches!(d.denial, Some(Denial::Limited { .. })),
+            "{name}: one unit more"
+        );
 
         let fives = |_| Attempt::new(5).with("user", "fives");
         let outcomes = hammer(from_ref(&l), name, TASKS, 5, fives).await;
         assert_eq!(total(&outcomes), 100, "{name}: cost 5, units admitted");
-        let hits = count(&outcomes, |c| c.decision.allowed);
+        let hits = count(&outcomes, |c| c.decision.allowed());
         assert_eq!(hits, 20, "{name}: cost 5, hits admitted");
 
         // 160 hits of cost 3 cannot all pass; once one is denied, fewer than 3 units are left.

@@ -10,7 +10,7 @@ use sluice_core::Algorithm;
 
 use super::StoreFactory;
 use crate::clock::{Clock, SystemClock};
-use crate::{Checked, Error, Limiter, Policy, Selectors, Store};
+use crate::{Checked, Error, Limiter, Policy, Selectors};
 
 pub(crate) const ALICE: &Selectors<'static> = &[("user", "alice")];
 pub(crate) const BOB: &Selectors<'static> = &[("user", "bob")];
@@ -60,7 +60,7 @@ impl Namespace {
 pub(crate) fn limiter<F: StoreFactory>(
     factory: &F,
     policies: impl IntoIterator<Item = Policy>,
-) -> Arc<Limiter<F::Store>> {
+) -> Arc<Limiter> {
     let built = Limiter::builder(factory.store()).policies(policies).build();
     Arc::new(built.unwrap_or_else(|e| panic!("conformance policies do not compile: {e}")))
 }
@@ -69,14 +69,14 @@ pub(crate) fn limiter<F: StoreFactory>(
 pub(crate) fn near_cached_limiter<F: StoreFactory>(
     factory: &F,
     policies: impl IntoIterator<Item = Policy>,
-) -> Arc<Limiter<F::Store>> {
+) -> Arc<Limiter> {
     let builder = Limiter::builder(factory.store()).policies(policies);
     let built = builder.near_cache(10_000, MINUTE).build();
     Arc::new(built.unwrap_or_else(|e| panic!("conformance policies do not compile: {e}")))
 }
 
-pub(crate) async fn check<S: Store>(
-    limiter: &Limiter<S>,
+pub(crate) async fn check(
+    limiter: &Limiter,
     policy: &str,
     selectors: &Selectors<'_>,
     cost: u64,
@@ -87,8 +87,8 @@ pub(crate) async fn check<S: Store>(
     })
 }
 
-pub(crate) async fn peek<S: Store>(
-    limiter: &Limiter<S>,
+pub(crate) async fn peek(
+    limiter: &Limiter,
     policy: &str,
     selectors: &Selectors<'_>,
     cost: u64,
@@ -116,23 +116,18 @@ fn by_the_store(checked: Result<Checked, Error>, what: impl Fn() -> String) -> C
     }
 }
 
-pub(crate) async fn reset<S: Store>(limiter: &Limiter<S>, policy: &str, selectors: &Selectors<'_>) {
+pub(crate) async fn reset(limiter: &Limiter, policy: &str, selectors: &Selectors<'_>) {
     let done = limiter.reset(policy, selectors).await;
     done.unwrap_or_else(|e| panic!("reset {policy} {selectors:?}: {e}"));
 }
 
 /// Makes `n` hits of cost 1 and asserts they are admitted with `remaining` counting down
 /// from `n - 1` (the caller knows nothing else limits them sooner).
-pub(crate) async fn admit<S: Store>(
-    limiter: &Limiter<S>,
-    policy: &str,
-    selectors: &Selectors<'_>,
-    n: u64,
-) {
+pub(crate) async fn admit(limiter: &Limiter, policy: &str, selectors: &Selectors<'_>, n: u64) {
     for i in 0..n {
         let d = check(limiter, policy, selectors, 1).await.decision;
         let what = format!("{policy} {selectors:?}: hit {} of {n}", i + 1);
-        assert!(d.allowed, "{what} was denied: {d:?}");
+        assert!(d.allowed(), "{what} was denied: {d:?}");
         assert_eq!(d.remaining, n - 1 - i, "{what}: remaining");
     }
 }
@@ -165,8 +160,8 @@ pub(crate) type Outcomes = Vec<(Attempt, Checked)>;
 
 /// `tasks` tokio tasks, released together, each making `per_task` checks of its attempt
 /// (`plan(task)`) on `policy`; task `t` goes through `limiters[t % limiters.len()]`.
-pub(crate) async fn hammer<S: Store>(
-    limiters: &[Arc<Limiter<S>>],
+pub(crate) async fn hammer(
+    limiters: &[Arc<Limiter>],
     policy: &str,
     tasks: usize,
     per_task: usize,
@@ -210,7 +205,7 @@ pub(crate) async fn hammer<S: Store>(
 pub(crate) fn admitted(outcomes: &Outcomes, whose: impl Fn(&Attempt) -> bool) -> u64 {
     outcomes
         .iter()
-        .filter(|(a, c)| c.decision.allowed && !c.shadow_denied && whose(a))
+        .filter(|(a, c)| c.decision.allowed() && !c.shadow_denied && whose(a))
         .map(|(a, _)| a.cost)
         .sum()
 }

@@ -24,46 +24,49 @@ pub async fn peek_and_cost_zero_record_nothing<F: StoreFactory>(factory: &F) {
             let peeked = peek(&l, name, ALICE, 1).await;
             let d = &peeked.decision;
             assert!(
-                d.allowed && !peeked.cached,
+                d.allowed() && !peeked.cached,
                 "{name}: peek on a fresh key: {d:?}"
             );
             assert_eq!(d.remaining, 4, "{name}: peek on a fresh key");
             let free = check(&l, name, ALICE, 0).await.decision;
-            assert!(free.allowed, "{name}: cost 0 on a fresh key: {free:?}");
+            assert!(free.allowed(), "{name}: cost 0 on a fresh key: {free:?}");
             assert_eq!(free.remaining, 5, "{name}: cost 0 on a fresh key");
             let big = peek(&l, name, ALICE, 5).await.decision;
-            assert_eq!((big.allowed, big.remaining), (true, 0), "{name}: peek of 5");
+            assert_eq!(
+                (big.allowed(), big.remaining),
+                (true, 0),
+                "{name}: peek of 5"
+            );
         }
         for remaining in (0..5).rev() {
             let d = check(&l, name, ALICE, 1).await.decision;
             let what = format!("{name}: hit leaving {remaining}");
-            assert_eq!((d.allowed, d.remaining), (true, remaining), "{what}");
+            assert_eq!((d.allowed(), d.remaining), (true, remaining), "{what}");
             for _ in 0..3 {
                 let free = check(&l, name, ALICE, 0).await.decision;
                 assert_eq!(
-                    (free.allowed, free.remaining),
+                    (free.allowed(), free.remaining),
                     (true, remaining),
                     "{what}: cost 0"
                 );
                 let peeked = peek(&l, name, ALICE, 1).await.decision;
-                assert_eq!(peeked.allowed, remaining > 0, "{what}: peek");
+                assert_eq!(peeked.allowed(), remaining > 0, "{what}: peek");
                 let left = remaining.saturating_sub(1);
                 assert_eq!(peeked.remaining, left, "{what}: peek");
             }
         }
         let peeked = peek(&l, name, ALICE, 1).await.decision;
-        assert_eq!(
-            peeked.denial,
-            Some(Denial::Limited),
+        assert!(
+            matches!(peeked.denial, Some(Denial::Limited { .. })),
             "{name}: peek when spent"
         );
         assert!(
-            peeked.retry_after.is_some(),
+            peeked.retry_after().is_some(),
             "{name}: peek when spent: {peeked:?}"
         );
         // Peeks of the spent key did not touch Bob, nor did Alice's hits.
         let d = check(&l, name, BOB, 1).await.decision;
-        assert_eq!((d.allowed, d.remaining), (true, 4), "{name}: bob");
+        assert_eq!((d.allowed(), d.remaining), (true, 4), "{name}: bob");
     }
 }
 
@@ -102,20 +105,20 @@ pub async fn cost_above_capacity_is_never<F: StoreFactory>(factory: &F) {
             for attempt in 1..=3 {
                 let d = check(&l, &name, ALICE, capacity + 1).await.decision;
                 let what = format!("{what}: attempt {attempt} of cost {}", capacity + 1);
-                assert!(!d.allowed, "{what} was admitted");
+                assert!(!d.allowed(), "{what} was admitted");
                 assert_eq!(d.denial, Some(Denial::CostExceedsCapacity), "{what}");
-                assert_eq!(d.retry_after, None, "{what}");
+                assert_eq!(d.retry_after(), None, "{what}");
                 assert_eq!((d.limit, d.remaining), (*capacity, *capacity), "{what}");
             }
             // Nothing was spent and no penalty struck: the whole capacity passes at once.
             let d = check(&l, &name, ALICE, *capacity).await.decision;
             assert_eq!(
-                (d.allowed, d.remaining),
+                (d.allowed(), d.remaining),
                 (true, 0),
                 "{what}: the full capacity"
             );
             let d = check(&l, &name, ALICE, 1).await.decision;
-            assert!(!d.allowed, "{what}: one more after the full capacity");
+            assert!(!d.allowed(), "{what}: one more after the full capacity");
         }
     }
 }
@@ -141,7 +144,7 @@ pub async fn reset_pardons_one_key_only<F: StoreFactory>(factory: &F) {
         for i in 0..2 {
             let d = check(&here, name, BOB, 1).await.decision;
             assert_eq!(
-                (d.allowed, d.remaining, d.leaf),
+                (d.allowed(), d.remaining, d.leaf),
                 (true, 4 - i, 0),
                 "{name}: bob"
             );
@@ -150,7 +153,7 @@ pub async fn reset_pardons_one_key_only<F: StoreFactory>(factory: &F) {
         admit(&here, &other, ALICE, 5).await;
         let d = check(&here, name, ALICE, 1).await.decision;
         assert_eq!(
-            (d.allowed, d.leaf),
+            (d.allowed(), d.leaf),
             (false, 0),
             "{name}: alice spent her own 5"
         );
@@ -159,24 +162,24 @@ pub async fn reset_pardons_one_key_only<F: StoreFactory>(factory: &F) {
         // Alice's leaf is fresh; the global leaf (7 of 8 used) is not.
         let d = check(&here, name, ALICE, 1).await.decision;
         let what = format!("{name}: alice after her reset");
-        assert_eq!((d.allowed, d.remaining, d.leaf), (true, 0, 1), "{what}");
+        assert_eq!((d.allowed(), d.remaining, d.leaf), (true, 0, 1), "{what}");
         let d = check(&here, name, ALICE, 1).await.decision;
-        assert_eq!((d.allowed, d.leaf), (false, 1), "{what}: the global leaf");
+        assert_eq!((d.allowed(), d.leaf), (false, 1), "{what}: the global leaf");
         let d = check(&here, &other, ALICE, 1).await.decision;
-        assert!(!d.allowed, "{name}: the reset reached another key: {d:?}");
+        assert!(!d.allowed(), "{name}: the reset reached another key: {d:?}");
 
         // No selectors: the global leaf only. Bob keeps his 2 hits, Alice her 1.
         reset(&elsewhere, name, &[]).await;
         let d = check(&here, name, BOB, 1).await.decision;
         let what = format!("{name}: after the global reset");
         assert_eq!(
-            (d.allowed, d.remaining, d.leaf),
+            (d.allowed(), d.remaining, d.leaf),
             (true, 2, 0),
             "{what}: bob"
         );
         let d = check(&here, name, ALICE, 1).await.decision;
         assert_eq!(
-            (d.allowed, d.remaining, d.leaf),
+            (d.allowed(), d.remaining, d.leaf),
             (true, 3, 0),
             "{what}: alice"
         );
@@ -252,15 +255,14 @@ pub async fn special_selector_values<F: StoreFactory>(factory: &F) {
     for (name, selectors) in &requests {
         let selectors: &Selectors = selectors;
         let d = check(&l, name, selectors, 1).await.decision;
-        assert!(d.allowed, "{name} {selectors:?} shares a counter: {d:?}");
+        assert!(d.allowed(), "{name} {selectors:?} shares a counter: {d:?}");
         assert_eq!(d.remaining, 0, "{name} {selectors:?}");
     }
     for (name, selectors) in &requests {
         let selectors: &Selectors = selectors;
         let d = check(&l, name, selectors, 1).await.decision;
-        assert_eq!(
-            d.denial,
-            Some(Denial::Limited),
+        assert!(
+            matches!(d.denial, Some(Denial::Limited { .. })),
             "{name} {selectors:?} lost its counter"
         );
     }
@@ -268,7 +270,7 @@ pub async fn special_selector_values<F: StoreFactory>(factory: &F) {
         reset(&l, name, selectors).await;
         let d = check(&l, name, selectors, 1).await.decision;
         assert!(
-            d.allowed,
+            d.allowed(),
             "{name} {selectors:?}: reset missed its counter: {d:?}"
         );
     }

@@ -32,9 +32,8 @@ pub async fn two_servers_share_one_limit<F: StoreFactory>(factory: &F) {
         assert_eq!(total(&outcomes), 100, "{name}: admitted over two servers");
         for (i, server) in servers.iter().enumerate() {
             let d = peek(server, name, ALICE, 1).await.decision;
-            assert_eq!(
-                d.denial,
-                Some(Denial::Limited),
+            assert!(
+                matches!(d.denial, Some(Denial::Limited { .. })),
                 "{name}: server {i} after the race"
             );
         }
@@ -52,9 +51,8 @@ pub async fn two_servers_share_one_limit<F: StoreFactory>(factory: &F) {
     assert_eq!(total(&outcomes), 150, "and over two servers: admitted");
     for (i, server) in servers.iter().enumerate() {
         let d = peek(server, "and", ALICE, 1).await.decision;
-        assert_eq!(
-            d.denial,
-            Some(Denial::Limited),
+        assert!(
+            matches!(d.denial, Some(Denial::Limited { .. })),
             "and: server {i} after the race"
         );
     }

@@ -22,9 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use sluice_core::{Algorithm, Decision, PenaltyState, Recording, State, evaluate};
+use sluice_core::{Algorithm, Decision, PenaltyState, State, evaluate};
 
 use crate::clock::{Clock, SystemClock};
+use crate::identifier::Identifier;
 use crate::store::{Hit, Store, StoreError};
 use table::{Cell, CellValue, Table};
 
@@ -163,12 +164,7 @@ impl MemoryStore {
                 let mut tat = word.load(Ordering::Acquire);
                 loop {
                     let (allowed, possible) = quota.gcra_admits(tat, now, ev.cost);
-                    let record = match ev.recording {
-                        Recording::Admitted => allowed,
-                        Recording::Always => possible,
-                        Recording::Never => false,
-                    };
-                    if !record {
+                    if !ev.recording.records(allowed, possible) {
                         return tat;
                     }
                     let next = quota.gcra_record(tat, now, ev.cost);
@@ -188,7 +184,10 @@ impl MemoryStore {
         // Unknown identifier: decide on a fresh state; only store it if something is recorded.
         let fresh = quota.fresh_state();
         let verdict = quota.verdict(&fresh, now, ev.cost);
-        if !should_record(ev.recording, &verdict) {
+        if !ev
+            .recording
+            .records(verdict.allowed, verdict.retry != sluice_core::Retry::Never)
+        {
             return Decision::from_verdict(&verdict, 0, quota.tick());
         }
         self.decide_locked(hit, now)
@@ -200,8 +199,8 @@ impl MemoryStore {
         let ids: Vec<&str> = hit
             .identifiers
             .iter()
-            .map(String::as_str)
             .chain(hit.penalty_identifier)
+            .map(Identifier::as_str)
             .collect();
         let hashes: Vec<u64> = ids.iter().map(|id| self.hash(id)).collect();
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
@@ -274,15 +273,6 @@ impl MemoryStore {
             .evictions
             .fetch_add(swept.evicted, Ordering::Relaxed);
         outcome.decision
-    }
-}
-
-/// The hot path's copy of `evaluate`'s recording rule, for one leaf.
-fn should_record(recording: Recording, verdict: &sluice_core::Verdict) -> bool {
-    match recording {
-        Recording::Admitted => verdict.allowed,
-        Recording::Always => verdict.allowed || verdict.retry != sluice_core::Retry::Never,
-        Recording::Never => false,
     }
 }
 
@@ -382,7 +372,11 @@ impl Store for MemoryStore {
         Some(Ok(self.decide_now(hit)))
     }
 
-    async fn reset(&self, identifiers: &[String]) -> Result<(), StoreError> {
+    fn is_remote(&self) -> bool {
+        false
+    }
+
+    async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         for id in identifiers {
             let hash = self.hash(id);
             self.inner.shards[self.shard_of(hash)]

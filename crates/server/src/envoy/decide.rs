@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit};
-use sluice_limiter::{Algorithm, Policy, Store};
+use sluice_limiter::{Algorithm, Policy};
 
 use super::config::{Limit, Limited, SELECTOR};
 use crate::service::Service;
@@ -190,7 +190,7 @@ enum Resolved {
     Override(std::sync::Arc<Limited>),
 }
 
-impl<S: Store> Service<S> {
+impl Service {
     /// Decides an Envoy request: every descriptor is checked; OVER_LIMIT when any is over.
     pub async fn should_rate_limit(
         &self,
@@ -297,7 +297,7 @@ impl<S: Store> Service<S> {
     }
 }
 
-impl<S: Store> Service<S> {
+impl Service {
     async fn recheck(
         &self,
         domain: &str,
@@ -337,7 +337,7 @@ fn status_of(
 ) -> Result<DescriptorStatus, EnvoyError> {
     let checked = checked.map_err(|e| EnvoyError::Unavailable(e.to_string()))?;
     let d = &checked.decision;
-    let over = !d.allowed;
+    let over = !d.allowed();
     let remaining = if over || checked.shadow_denied {
         0
     } else {

@@ -11,7 +11,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluice_limiter::Store;
 use tonic::{Request, Response, Status};
 
 use super::decide::{Code, EnvoyDescriptor, EnvoyError, EnvoyRequest, EnvoyResponse};
@@ -21,15 +20,15 @@ use crate::service::Service;
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
 /// The tonic service over `service`.
-pub fn server<S: Store + 'static>(service: Arc<Service<S>>) -> RateLimitServiceServer<Rls<S>> {
+pub fn server(service: Arc<Service>) -> RateLimitServiceServer<Rls> {
     RateLimitServiceServer::new(Rls(service)).max_decoding_message_size(MAX_MESSAGE)
 }
 
 /// Answers `ShouldRateLimit`.
-pub struct Rls<S>(Arc<Service<S>>);
+pub struct Rls(Arc<Service>);
 
 #[tonic::async_trait]
-impl<S: Store + 'static> RateLimitService for Rls<S> {
+impl RateLimitService for Rls {
     async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,

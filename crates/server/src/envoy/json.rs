@@ -9,7 +9,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sluice_limiter::Store;
 
 use super::decide::{Code, EnvoyDescriptor, EnvoyError, EnvoyRequest, unit};
 use crate::service::Service;
@@ -126,7 +125,7 @@ fn error(status: StatusCode, message: String) -> Response {
 }
 
 /// `POST /json`.
-pub async fn handler<S: Store>(State(service): State<Arc<Service<S>>>, body: Bytes) -> Response {
+pub async fn handler(State(service): State<Arc<Service>>, body: Bytes) -> Response {
     let raw: JsonRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),

@@ -12,7 +12,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit};
-use sluice_limiter::{Algorithm, Checked, Policy, Store};
+use sluice_limiter::{Algorithm, Checked, Policy};
 
 use crate::service::Service;
 
@@ -61,14 +61,14 @@ fn ceil_secs(d: Duration) -> i64 {
 
 fn decision_reply(out: &mut Vec<u8>, checked: &Checked) {
     let d = &checked.decision;
-    let retry = match d.retry_after {
-        Some(r) if !d.allowed => ceil_secs(r),
+    let retry = match d.retry_after() {
+        Some(r) if !d.allowed() => ceil_secs(r),
         _ => -1,
     };
     let _ = write!(
         Sink(out),
         "*5\r\n:{}\r\n:{}\r\n:{}\r\n:{}\r\n:{}\r\n",
-        i64::from(!d.allowed),
+        i64::from(!d.allowed()),
         d.limit,
         d.remaining,
         retry,
@@ -100,7 +100,7 @@ fn cell_policy(name: &str, burst: u64, rate: Rate) -> Policy {
 }
 
 /// Runs `args` and appends the reply to `out`.
-pub async fn run<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Vec<u8>) -> After {
+pub async fn run(service: &Service, args: &[Vec<u8>], out: &mut Vec<u8>) -> After {
     let Some(name) = args.first() else {
         return After::Continue; // an empty inline line: Redis ignores it too
     };
@@ -158,7 +158,7 @@ pub async fn run<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Vec
     After::Continue
 }
 
-async fn throttle<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Vec<u8>) {
+async fn throttle(service: &Service, args: &[Vec<u8>], out: &mut Vec<u8>) {
     if !(4..=5).contains(&args.len()) {
         return error(
             out,
@@ -200,7 +200,7 @@ async fn throttle<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Ve
     }
 }
 
-async fn sluice_check<S: Store>(service: &Service<S>, args: &[Vec<u8>], out: &mut Vec<u8>) {
+async fn sluice_check(service: &Service, args: &[Vec<u8>], out: &mut Vec<u8>) {
     let Some((policy, rest)) = args.split_first() else {
         return error(
             out,

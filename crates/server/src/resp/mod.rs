@@ -11,7 +11,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_limiter::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -27,9 +26,9 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CONNECTIONS: usize = 10_000;
 
 /// Serves the Redis protocol on `listener` until `shutdown` completes.
-pub async fn serve<S: Store + 'static>(
+pub async fn serve(
     listener: TcpListener,
-    service: Arc<Service<S>>,
+    service: Arc<Service>,
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -60,7 +59,7 @@ pub async fn serve<S: Store + 'static>(
     }
 }
 
-async fn connection<S: Store>(mut stream: TcpStream, service: &Service<S>) {
+async fn connection(mut stream: TcpStream, service: &Service) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = vec![0u8; 16 * 1024];

@@ -24,7 +24,7 @@ use sluice_tower::headers::ceil_secs;
 use sluice_tower::{Denied, Headers, Key, Outcomes, ProofOfWork, RateLimitLayer};
 
 /// The example's policies.
-pub fn limiter() -> Arc<Limiter<MemoryStore>> {
+pub fn limiter() -> Arc<Limiter> {
     let penalty = Penalty::new(
         Duration::from_secs(60),
         2,
@@ -46,7 +46,7 @@ pub fn limiter() -> Arc<Limiter<MemoryStore>> {
     Arc::new(limiter)
 }
 
-pub fn router(limiter: Arc<Limiter<MemoryStore>>) -> Router {
+pub fn router(limiter: Arc<Limiter>) -> Router {
     let login_limit = RateLimitLayer::builder(limiter.clone(), "login")
         .selector("ip", Key::client_ip())
         .selector(
@@ -111,7 +111,7 @@ fn audit(denied: &Denied<'_>) {
         .unwrap_or_default();
     let retry = denied
         .decision
-        .and_then(|d| d.retry_after)
+        .and_then(|d| d.retry_after())
         .map(|r| format!("{:.1}", r.as_secs_f64()))
         .unwrap_or_default();
     eprintln!(
@@ -130,7 +130,7 @@ fn page(denied: &Denied<'_>) -> Option<Response<Bytes>> {
     }
     let wait = denied
         .decision
-        .and_then(|d| d.retry_after)
+        .and_then(|d| d.retry_after())
         .map(|r| format!("Please try again in {} seconds.", ceil_secs(r)))
         .unwrap_or_default();
     let html = format!(

@@ -39,7 +39,7 @@ pub(super) fn unavailable(ctx: &Ctx<'_>, decision: &Decision) -> Before {
     tracing::error!(policy = %config.policy, denial, "the policy could not decide; answering 503");
     Stats::bump(&config.stats.failed_closed);
     let mut response = denied::unavailable(ctx.parts);
-    let wait = decision.retry_after.unwrap_or(Duration::from_secs(1));
+    let wait = decision.retry_after().unwrap_or(Duration::from_secs(1));
     crate::headers::retry_after(response.headers_mut(), Some(wait));
     Before::Answer(response)
 }

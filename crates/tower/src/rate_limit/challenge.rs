@@ -34,7 +34,7 @@ pub(super) async fn offer(ctx: &Ctx<'_>, challenge: &ChallengeConfig) -> Option<
     let level = match limiter.peek(&challenge.ceiling, ctx.selectors, 1).await {
         // A peek reports what would remain after one more: the solved requests so far are
         // the rest.
-        Ok(c) if c.decision.allowed => c
+        Ok(c) if c.decision.allowed() => c
             .decision
             .limit
             .saturating_sub(c.decision.remaining)
@@ -60,7 +60,7 @@ pub(super) async fn solved(ctx: &Ctx<'_>, challenge: &ChallengeConfig) -> Before
     let limiter = &config.limiter;
     Stats::bump(&config.stats.challenges_solved);
     match limiter.check(&challenge.ceiling, ctx.selectors, 1).await {
-        Ok(checked) if checked.decision.allowed => {
+        Ok(checked) if checked.decision.allowed() => {
             if challenge.pardon
                 && let Err(error) = limiter.reset(&config.policy, ctx.selectors).await
             {

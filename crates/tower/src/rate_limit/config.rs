@@ -1,14 +1,11 @@
-//! A built layer's validated configuration, shared by every service it makes, and the
-//! limiter behind it with its store type erased (so `RateLimit<S>` is generic only over the
-//! inner service, like every tower middleware).
+//! A built layer's validated configuration, shared by every service it makes, with the
+//! limiter behind it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_limiter::{Checked, CompiledPolicy, Error, Limiter, Selectors, Store};
+use sluice_limiter::{Checked, Error, Limiter, Selectors};
 
 use crate::challenge::Challenge;
 use crate::denied::Hooks;
@@ -17,77 +14,18 @@ use crate::headers::{Headers, PolicyFields};
 use crate::key::{ClientIpResolver, Key};
 use crate::outcome::Outcomes;
 
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A [`Limiter`] over any store.
-pub(crate) trait DynLimiter: Send + Sync + 'static {
-    fn check<'a>(
-        &'a self,
-        policy: &'a str,
-        selectors: &'a Selectors<'a>,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Checked, Error>>;
-    fn peek<'a>(
-        &'a self,
-        policy: &'a str,
-        selectors: &'a Selectors<'a>,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Checked, Error>>;
-    fn reset<'a>(
-        &'a self,
-        policy: &'a str,
-        selectors: &'a Selectors<'a>,
-    ) -> BoxFuture<'a, Result<(), Error>>;
-    fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>>;
-    /// `check` (or `peek`) without a future, when the store can answer at once.
-    fn try_now(
-        &self,
-        policy: &str,
-        selectors: &Selectors<'_>,
-        cost: u64,
-        peek: bool,
-    ) -> Option<Result<Checked, Error>>;
-}
-
-impl<S: Store> DynLimiter for Limiter<S> {
-    fn check<'a>(
-        &'a self,
-        policy: &'a str,
-        selectors: &'a Selectors<'a>,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Checked, Error>> {
-        Box::pin(Limiter::check(self, policy, selectors, cost))
-    }
-    fn peek<'a>(
-        &'a self,
-        policy: &'a str,
-        selectors: &'a Selectors<'a>,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Checked, Error>> {
-        Box::pin(Limiter::peek(self, policy, selectors, cost))
-    }
-    fn reset<'a>(
-        &'a self,
-        policy: &'a str,
-        selectors: &'a Selectors<'a>,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(Limiter::reset(self, policy, selectors))
-    }
-    fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
-        Limiter::policy(self, name)
-    }
-    fn try_now(
-        &self,
-        policy: &str,
-        selectors: &Selectors<'_>,
-        cost: u64,
-        peek: bool,
-    ) -> Option<Result<Checked, Error>> {
-        if peek {
-            Limiter::try_peek_now(self, policy, selectors, cost)
-        } else {
-            Limiter::try_check_now(self, policy, selectors, cost)
-        }
+/// `check`, or `peek` when `peek`, without a future when the store can answer at once.
+pub(crate) fn try_now(
+    limiter: &Limiter,
+    policy: &str,
+    selectors: &Selectors<'_>,
+    cost: u64,
+    peek: bool,
+) -> Option<Result<Checked, Error>> {
+    if peek {
+        limiter.try_peek_now(policy, selectors, cost)
+    } else {
+        limiter.try_check_now(policy, selectors, cost)
     }
 }
 
@@ -171,7 +109,7 @@ pub(crate) struct ChallengeConfig {
 }
 
 pub(crate) struct Config {
-    pub limiter: Arc<dyn DynLimiter>,
+    pub limiter: Arc<Limiter>,
     pub policy: String,
     pub fields: PolicyFields,
     /// Selector name and the key supplying it, in the order given.

@@ -7,7 +7,7 @@ use sluice_core::Decision;
 
 use super::answer::{answer, failed, unavailable};
 use super::challenge::{offer, solved, verify};
-use super::config::Stats;
+use super::config::{Stats, try_now};
 use super::flow::{Before, Ctx};
 use crate::challenge::Verification;
 use crate::denied::{Denied, Reason};
@@ -22,11 +22,11 @@ pub(super) fn before_now(ctx: &Ctx<'_>) -> Option<Before> {
     }
     let limiter = &config.limiter;
     let peek = config.outcomes.is_some();
-    let checked = match limiter.try_now(&config.policy, ctx.selectors, 1, peek)? {
+    let checked = match try_now(limiter, &config.policy, ctx.selectors, 1, peek)? {
         Ok(checked) => checked,
         Err(error) => return Some(failed(ctx, &error)),
     };
-    if checked.decision.allowed {
+    if checked.decision.allowed() {
         return Some(admit(ctx, checked, peek));
     }
     let Some(reason) = Reason::of(&checked.decision) else {
@@ -34,7 +34,7 @@ pub(super) fn before_now(ctx: &Ctx<'_>) -> Option<Before> {
     };
     if peek && reason == Reason::Limited {
         // The store answered the peek at once, so it answers the count at once too.
-        let counted = limiter.try_now(&config.policy, ctx.selectors, 1, false);
+        let counted = try_now(limiter, &config.policy, ctx.selectors, 1, false);
         return Some(match count_refused(ctx, checked.decision, counted) {
             Ok(admitted) => admitted,
             Err(decision) => refuse_with(ctx, decision, true, None, None),
@@ -64,7 +64,7 @@ fn count_refused(
     counted: Option<Result<sluice_limiter::Checked, sluice_limiter::Error>>,
 ) -> Result<Before, Decision> {
     match counted {
-        Some(Ok(checked)) if checked.decision.allowed => Ok(Before::Admit {
+        Some(Ok(checked)) if checked.decision.allowed() => Ok(Before::Admit {
             decision: Some(checked.decision),
             counted: true,
         }),
@@ -89,7 +89,7 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
     let mut waited = Duration::ZERO;
     loop {
         // A store in this process answers at once: no future to allocate.
-        let result = match limiter.try_now(&config.policy, ctx.selectors, 1, peek) {
+        let result = match try_now(limiter, &config.policy, ctx.selectors, 1, peek) {
             Some(result) => result,
             None if peek => limiter.peek(&config.policy, ctx.selectors, 1).await,
             None => limiter.check(&config.policy, ctx.selectors, 1).await,
@@ -98,10 +98,10 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
             Ok(checked) => checked,
             Err(error) => return failed(ctx, &error),
         };
-        if checked.decision.allowed {
+        if checked.decision.allowed() {
             return admit(ctx, checked, peek);
         }
-        if let (Some(max), Some(wait)) = (config.wait_up_to, checked.decision.retry_after)
+        if let (Some(max), Some(wait)) = (config.wait_up_to, checked.decision.retry_after())
             && waited + wait <= max
         {
             tokio::time::sleep(wait).await;

@@ -280,7 +280,7 @@ pub(super) fn finish_now<B>(
             let result =
                 config
                     .limiter
-                    .try_now(&config.policy, &outcome_selectors(config, &kept), 1, false);
+                    .try_check_now(&config.policy, &outcome_selectors(config, &kept), 1);
             match result {
                 Some(result) => counted_outcome(config, &mut decision, result),
                 None => {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Response};
 use ipnet::IpNet;
-use sluice_limiter::{CompiledPolicy, Limiter, Store};
+use sluice_limiter::{CompiledPolicy, Limiter};
 use tower_layer::Layer;
 
-use super::config::{ChallengeConfig, Config, DynLimiter, LayerStats, Stats, WhenMissing};
+use super::config::{ChallengeConfig, Config, LayerStats, Stats, WhenMissing};
 use super::service::RateLimit;
 use crate::challenge::Challenge;
 use crate::denied::{Denied, Hooks};
@@ -41,7 +41,7 @@ impl fmt::Debug for RateLimitLayer {
 
 impl RateLimitLayer {
     /// Starts a layer enforcing `policy` of `limiter`.
-    pub fn builder<S: Store>(limiter: Arc<Limiter<S>>, policy: &str) -> RateLimitLayerBuilder {
+    pub fn builder(limiter: Arc<Limiter>, policy: &str) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
             limiter,
             policy: policy.to_owned(),
@@ -78,7 +78,7 @@ impl<S> Layer<S> for RateLimitLayer {
 
 /// Configures a [`RateLimitLayer`]; [`build`](Self::build) checks it.
 pub struct RateLimitLayerBuilder {
-    limiter: Arc<dyn DynLimiter>,
+    limiter: Arc<Limiter>,
     policy: String,
     keys: Vec<(String, Key)>,
     client_ip: ClientIpResolver,

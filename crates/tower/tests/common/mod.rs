@@ -24,7 +24,7 @@ pub fn clock() -> ManualClock {
     ManualClock::new(START)
 }
 
-pub fn limiter(clock: &ManualClock, policies: Vec<Policy>) -> Arc<Limiter<MemoryStore>> {
+pub fn limiter(clock: &ManualClock, policies: Vec<Policy>) -> Arc<Limiter> {
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let limiter = Limiter::builder(store)
         .clock(clock.clone())

@@ -1,11 +1,9 @@
-//! Beyond HTTP: limiting any block of code (jobs, queue consumers, outgoing API calls), with
-//! an optional waiting mode that sleeps until the hit would be admitted, up to a bound.
+//! Limiting any block of code (jobs, queue consumers, outgoing API calls), with an optional
+//! waiting mode that sleeps until the hit would be admitted, up to a bound.
 //!
 //! ```
-//! use std::sync::Arc;
 //! use std::time::Duration;
 //! use sluice_limiter::{Limiter, MemoryStore, Policy};
-//! use sluice_tower::LimiterExt;
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! let limiter = Limiter::builder(MemoryStore::new())
@@ -26,7 +24,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use sluice_core::Decision;
-use sluice_limiter::{Limiter, Selectors, Store};
+
+use crate::limiter::{Limiter, PolicyArg, Selectors};
 
 /// Leave to go ahead: the decision that admitted the hit, and how long it waited for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,14 +43,14 @@ pub enum Refused {
     Limited(Decision),
     /// The limiter could not decide.
     #[error("the rate limiter could not decide: {0}")]
-    Unavailable(#[from] sluice_limiter::Error),
+    Unavailable(#[from] crate::Error),
 }
 
 impl Refused {
     /// When the same hit would be admitted, if it ever can and that is known.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Refused::Limited(decision) => decision.retry_after,
+            Refused::Limited(decision) => decision.retry_after(),
             Refused::Unavailable(_) => None,
         }
     }
@@ -59,91 +58,61 @@ impl Refused {
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
-            Refused::Limited(decision) => decision.retry_after.is_some(),
+            Refused::Limited(decision) => decision.retry_after().is_some(),
             Refused::Unavailable(error) => error.is_transient(),
         }
     }
 }
 
-/// Plain async limiting on a [`Limiter`].
-pub trait LimiterExt: Sync {
+impl Limiter {
     /// Decides one hit of `cost` now: a [`Permit`] or [`Refused::Limited`].
-    fn admit(
+    pub async fn admit<'p>(
         &self,
-        policy: &str,
+        policy: impl Into<PolicyArg<'p>>,
         selectors: &Selectors<'_>,
         cost: u64,
-    ) -> impl Future<Output = Result<Permit, Refused>> + Send;
+    ) -> Result<Permit, Refused> {
+        let decision = self.check(policy, selectors, cost).await?.decision;
+        if decision.allowed() {
+            Ok(Permit {
+                decision,
+                waited: Duration::ZERO,
+            })
+        } else {
+            Err(Refused::Limited(decision))
+        }
+    }
+
+    /// Runs `work` if one hit is admitted now.
+    pub async fn run<'p, F: Future>(
+        &self,
+        policy: impl Into<PolicyArg<'p>>,
+        selectors: &Selectors<'_>,
+        work: F,
+    ) -> Result<F::Output, Refused> {
+        self.admit(policy, selectors, 1).await?;
+        Ok(work.await)
+    }
 
     /// Like [`admit`](Self::admit), but when refused, sleeps (tokio's timer) until the hit
     /// would pass and tries again, as long as the total wait stays within `max_wait`. A
     /// wait that would overrun the bound is not started: the refusal comes at once.
-    fn admit_within(
+    #[cfg(feature = "tokio")]
+    pub async fn admit_within<'p>(
         &self,
-        policy: &str,
-        selectors: &Selectors<'_>,
-        cost: u64,
-        max_wait: Duration,
-    ) -> impl Future<Output = Result<Permit, Refused>> + Send;
-
-    /// Runs `work` if one hit is admitted now.
-    fn run<F>(
-        &self,
-        policy: &str,
-        selectors: &Selectors<'_>,
-        work: F,
-    ) -> impl Future<Output = Result<F::Output, Refused>> + Send
-    where
-        F: Future + Send,
-    {
-        async move {
-            self.admit(policy, selectors, 1).await?;
-            Ok(work.await)
-        }
-    }
-
-    /// Runs `work` once one hit is admitted, waiting at most `max_wait`.
-    fn run_within<F>(
-        &self,
-        policy: &str,
-        selectors: &Selectors<'_>,
-        max_wait: Duration,
-        work: F,
-    ) -> impl Future<Output = Result<F::Output, Refused>> + Send
-    where
-        F: Future + Send,
-    {
-        async move {
-            self.admit_within(policy, selectors, 1, max_wait).await?;
-            Ok(work.await)
-        }
-    }
-}
-
-impl<S: Store> LimiterExt for Limiter<S> {
-    fn admit(
-        &self,
-        policy: &str,
-        selectors: &Selectors<'_>,
-        cost: u64,
-    ) -> impl Future<Output = Result<Permit, Refused>> + Send {
-        self.admit_within(policy, selectors, cost, Duration::ZERO)
-    }
-
-    async fn admit_within(
-        &self,
-        policy: &str,
+        policy: impl Into<PolicyArg<'p>>,
         selectors: &Selectors<'_>,
         cost: u64,
         max_wait: Duration,
     ) -> Result<Permit, Refused> {
+        let policy = policy.into();
         let mut waited = Duration::ZERO;
         loop {
             let decision = self.check(policy, selectors, cost).await?.decision;
-            if decision.allowed {
+            if decision.allowed() {
                 return Ok(Permit { decision, waited });
             }
-            match decision.retry_after {
+            match decision.retry_after() {
                 Some(wait) if waited + wait <= max_wait => {
                     tokio::time::sleep(wait).await;
                     waited += wait;
@@ -151,5 +120,18 @@ impl<S: Store> LimiterExt for Limiter<S> {
                 _ => return Err(Refused::Limited(decision)),
             }
         }
+    }
+
+    /// Runs `work` once one hit is admitted, waiting at most `max_wait`.
+    #[cfg(feature = "tokio")]
+    pub async fn run_within<'p, F: Future>(
+        &self,
+        policy: impl Into<PolicyArg<'p>>,
+        selectors: &Selectors<'_>,
+        max_wait: Duration,
+        work: F,
+    ) -> Result<F::Output, Refused> {
+        self.admit_within(policy, selectors, 1, max_wait).await?;
+        Ok(work.await)
     }
 }

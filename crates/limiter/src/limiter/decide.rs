@@ -1,0 +1,343 @@
+//! One decision, around the store: the identifiers a hit names, the near cache before the
+//! store, the failure mode after it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sluice_core::{Decision, Denial, Evaluation, Recording};
+
+use super::{Checked, Error, Limiter, PolicyRef, Selectors};
+use crate::failure::{Counters, FailureMode, STORE_PAUSE};
+use crate::identifier::{Identifier, Identifiers, push_value};
+use crate::policy::{CompiledLeaf, CompiledPolicy, GroupAt};
+use crate::store::{Hit, Store, StoreError};
+
+/// What [`Limiter::prepare`] leaves for the store.
+enum Prepared {
+    /// Answered without the store (the near cache).
+    Answered(Decision),
+    Ask(Ask),
+}
+
+struct Ask {
+    /// One per leaf, then the penalty record's when the policy has one.
+    identifiers: Identifiers,
+    /// The near cache applies to this hit.
+    cached: bool,
+    /// The store is resting after an error: the failure mode decides.
+    paused: bool,
+}
+
+impl Ask {
+    fn hit<'a>(&'a self, policy: &'a CompiledPolicy, cost: u64, recording: Recording) -> Hit<'a> {
+        let all = self.identifiers.as_slice();
+        let leaves = policy.leaves.len();
+        Hit {
+            identifiers: &all[..leaves],
+            evaluation: Evaluation {
+                shape: &policy.shape,
+                quotas: &policy.quotas,
+                cost,
+                recording,
+                penalty: policy.policy.penalty.as_ref(),
+            },
+            penalty_identifier: all.get(leaves),
+        }
+    }
+}
+
+impl Limiter {
+    pub(super) async fn decide(
+        &self,
+        policy: PolicyRef,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Result<Checked, Error> {
+        let ask = match self.prepare(&policy, selectors, cost, recording)? {
+            Prepared::Answered(decision) => return Ok(finish(policy, decision, true)),
+            Prepared::Ask(ask) => ask,
+        };
+        let hit = ask.hit(&policy, cost, recording);
+        let result = if ask.paused {
+            Err(paused())
+        } else {
+            self.store.decide(&hit).await
+        };
+        let concluded = self.conclude(&policy, &ask, &hit, result);
+        drop(ask);
+        concluded.map(|answer| answer.into_checked(policy))
+    }
+
+    /// [`Limiter::decide`] when the store can answer without waiting; `None` otherwise,
+    /// having done nothing.
+    pub(super) fn decide_now(
+        &self,
+        policy: PolicyRef,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Checked, Error>> {
+        let ask = match self.prepare(&policy, selectors, cost, recording) {
+            Ok(Prepared::Answered(decision)) => return Some(Ok(finish(policy, decision, true))),
+            Ok(Prepared::Ask(ask)) => ask,
+            Err(error) => return Some(Err(error)),
+        };
+        let hit = ask.hit(&policy, cost, recording);
+        let result = if ask.paused {
+            Err(paused())
+        } else {
+            self.store.try_decide_now(&hit)?
+        };
+        let concluded = self.conclude(&policy, &ask, &hit, result);
+        drop(ask);
+        Some(concluded.map(|answer| answer.into_checked(policy)))
+    }
+
+    /// Everything before the store: identifiers, the near cache, the pause after an error.
+    fn prepare(
+        &self,
+        policy: &CompiledPolicy,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Result<Prepared, Error> {
+        let mut identifiers = Identifiers::take();
+        for leaf in &policy.leaves {
+            write_leaf(identifiers.next(), policy, leaf, selectors)?;
+        }
+        if policy.policy.penalty.is_some() {
+            write_penalty(identifiers.next(), policy, selectors)?;
+        }
+        // Denials counted by the store must reach it, so count-denied policies skip the cache.
+        let cached = self.near_cache.is_some() && recording == Recording::Admitted && cost > 0;
+        if cached
+            && let Some(cache) = &self.near_cache
+            && let Some(decision) = cache.get(
+                policy.name(),
+                &identifiers.as_slice()[..policy.leaves.len()],
+                cost,
+                self.clock.now(),
+            )
+        {
+            Counters::bump(&self.counters.near_cache_hits);
+            return Ok(Prepared::Answered(decision));
+        }
+        // Only a store that has failed sets the pause: read the clock only then.
+        let until = self.counters.store_paused_until.load(Ordering::Relaxed);
+        let paused = until != 0 && until > self.clock.now();
+        Ok(Prepared::Ask(Ask {
+            identifiers,
+            cached,
+            paused,
+        }))
+    }
+
+    /// Everything after the store: the failure mode on error, the near cache on denial.
+    fn conclude(
+        &self,
+        policy: &CompiledPolicy,
+        ask: &Ask,
+        hit: &Hit<'_>,
+        result: Result<Decision, StoreError>,
+    ) -> Result<Answer, Error> {
+        let decision = match result {
+            Ok(decision) => decision,
+            Err(error) if error.is_transient() => {
+                if !ask.paused {
+                    Counters::bump(&self.counters.store_errors);
+                    let until = self.clock.now() + STORE_PAUSE.as_nanos() as u64;
+                    self.counters
+                        .store_paused_until
+                        .store(until, Ordering::Relaxed);
+                }
+                return Ok(self.without_store(policy, hit));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if ask.cached
+            && !decision.allowed()
+            && let Some(cache) = &self.near_cache
+        {
+            cache.remember(
+                policy.name(),
+                hit.identifiers,
+                hit.evaluation.cost,
+                &decision,
+                self.clock.now(),
+            );
+        }
+        Ok(Answer {
+            decision,
+            without_store: None,
+        })
+    }
+
+    /// Decides `hit` as the policy's failure mode says, counting it.
+    fn without_store(&self, policy: &CompiledPolicy, hit: &Hit<'_>) -> Answer {
+        let mode = policy.policy.failure;
+        let capacity = policy.quotas[0].capacity();
+        let decision = match (mode, &policy.local_quotas) {
+            (FailureMode::Open, _) => {
+                Counters::bump(&self.counters.failed_open);
+                Decision::admitted(capacity, 0, Duration::ZERO, 0)
+            }
+            (_, Some(local)) => {
+                Counters::bump(&self.counters.failed_local);
+                let mut local_hit = *hit;
+                local_hit.evaluation.quotas = local;
+                self.fallback.decide_now(&local_hit)
+            }
+            _ => {
+                Counters::bump(&self.counters.failed_closed);
+                Decision {
+                    denial: Some(Denial::StoreUnavailable),
+                    limit: capacity,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    leaf: 0,
+                }
+            }
+        };
+        Answer {
+            decision,
+            without_store: Some(mode),
+        }
+    }
+}
+
+/// A decision before the policy's shadow flag is applied.
+struct Answer {
+    decision: Decision,
+    without_store: Option<FailureMode>,
+}
+
+impl Answer {
+    fn into_checked(self, policy: PolicyRef) -> Checked {
+        let mut checked = finish(policy, self.decision, false);
+        checked.without_store = self.without_store;
+        checked
+    }
+}
+
+fn paused() -> StoreError {
+    StoreError::Unavailable("paused after a recent error".into())
+}
+
+/// The answer the caller acts on: a shadow policy's denial is reported, not enforced.
+fn finish(policy: PolicyRef, mut decision: Decision, cached: bool) -> Checked {
+    let shadow_denied = policy.policy.shadow && !decision.allowed();
+    if shadow_denied {
+        decision.denial = None;
+    }
+    Checked {
+        decision,
+        shadow_denied,
+        cached,
+        without_store: None,
+        policy,
+    }
+}
+
+/// The identifiers a pardon clears: each leaf whose selectors are all given (global leaves
+/// only when none is), and the penalty record.
+pub(super) fn reset_identifiers(
+    policy: &CompiledPolicy,
+    selectors: &Selectors<'_>,
+) -> Vec<Identifier> {
+    let mut ids = Vec::new();
+    for leaf in &policy.leaves {
+        let names = leaf.leaf.selector.names();
+        if names.is_empty() != selectors.is_empty() {
+            continue;
+        }
+        let mut id = Identifier::default();
+        if write_leaf(&mut id, policy, leaf, selectors).is_ok() {
+            ids.push(id);
+        }
+    }
+    if policy.policy.penalty.is_some() {
+        let mut id = Identifier::default();
+        if write_penalty(&mut id, policy, selectors).is_ok() {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+fn value<'a>(
+    policy: &CompiledPolicy,
+    selectors: &Selectors<'a>,
+    name: &str,
+) -> Result<&'a str, Error> {
+    selectors
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| Error::MissingSelector {
+            policy: policy.name().to_owned(),
+            selector: name.to_owned(),
+        })
+}
+
+/// Writes a leaf's identifier into `id` (empty).
+fn write_leaf(
+    id: &mut Identifier,
+    policy: &CompiledPolicy,
+    leaf: &CompiledLeaf,
+    selectors: &Selectors<'_>,
+) -> Result<(), Error> {
+    write(
+        id,
+        policy,
+        (&leaf.prefix, leaf.leaf.selector.names(), &leaf.suffix),
+        leaf.group,
+        selectors,
+    )
+}
+
+/// Writes the penalty record's identifier, `namespace:key:names:values:penalty`, into `id`
+/// (empty). Counters end in a rate, which always holds a `/`, so a penalty record can never
+/// share a counter's name.
+fn write_penalty(
+    id: &mut Identifier,
+    policy: &CompiledPolicy,
+    selectors: &Selectors<'_>,
+) -> Result<(), Error> {
+    write(
+        id,
+        policy,
+        (&policy.penalty_prefix, &policy.penalty_names, ":penalty"),
+        policy.penalty_group,
+        selectors,
+    )
+}
+
+/// `prefix`, the values of `names` joined by `+`, `suffix`; routed by `group`.
+fn write(
+    id: &mut Identifier,
+    policy: &CompiledPolicy,
+    (prefix, names, suffix): (&str, &[String], &str),
+    group: GroupAt,
+    selectors: &Selectors<'_>,
+) -> Result<(), Error> {
+    let name = id.name_mut();
+    name.push_str(prefix);
+    let mut span = match group {
+        GroupAt::Prefix(len) => 0..len,
+        GroupAt::Value(_) => 0..0,
+    };
+    for (i, selector) in names.iter().enumerate() {
+        if i > 0 {
+            name.push('+');
+        }
+        let start = name.len();
+        push_value(name, value(policy, selectors, selector)?);
+        if group == GroupAt::Value(i) {
+            span = start..name.len();
+        }
+    }
+    name.push_str(suffix);
+    id.set_group(span);
+    Ok(())
+}
