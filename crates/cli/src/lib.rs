@@ -1,19 +1,16 @@
-//! The pieces of the `sluice` binary, as a library so tests can drive them: the config file,
-//! the HTTP/JSON service, the trace simulator and the JSON shape of decisions.
+//! The commands of the `sluice` binary that are not the service (which is
+//! `sluice_server::Server`), as a library so tests can drive them: the trace simulator.
 //!
 //! ```
-//! let config = sluice_cli::config::parse(
-//!     std::path::Path::new("inline.toml"),
-//!     "[policies.api]\nrule = \"user:100/m\"\n",
-//! ).unwrap();
-//! assert_eq!(config.policies[0].name, "api");
+//! use sluice_limiter::Policy;
+//!
+//! let trace = "t,user\n0,alice\n0,alice\n0,alice\n";
+//! let mut out = Vec::new();
+//! let policy = Policy::new("sim", "user:2/s").unwrap();
+//! let summary = sluice_cli::simulate::simulate(policy, trace.as_bytes(), &mut out).unwrap();
+//! assert_eq!((summary.allowed, summary.denied), (2, 1));
 //! ```
 
 #![forbid(unsafe_code)]
 
-pub mod config;
-pub mod duration;
-pub mod http;
-pub mod output;
 pub mod simulate;
-pub mod store_url;

@@ -6,15 +6,14 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sluice_cli::{config, http, output, simulate, store_url};
+use sluice_cli::simulate;
 use sluice_core::{Algorithm, Rule};
-use sluice_limiter::{Limiter, MemoryStore, Policy, Store};
-use sluice_server::{Service, reload};
+use sluice_limiter::{Limiter, MemoryStore, Policy};
+use sluice_server::http::decision_json;
+use sluice_server::{Server, config};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Distributed rate limiting")]
@@ -169,7 +168,7 @@ fn check(
     let runtime = tokio::runtime::Builder::new_current_thread().build()?;
     match runtime.block_on(limiter.check("check", &pairs, cost)) {
         Ok(checked) => {
-            println!("{}", output::decision_json(&checked));
+            println!("{}", decision_json(&checked));
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
@@ -246,135 +245,51 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
     if args.config.is_none() && args.envoy_config.is_none() {
         tracing::warn!("no --config or --envoy-config given: serving with no policies");
     }
-    let config_path = args.config.clone();
-    let load = reload::loader(
-        move || match &config_path {
-            Some(path) => config::load(path)
-                .map(|c| c.policies)
-                .map_err(|e| e.to_string()),
-            None => Ok(Vec::new()),
-        },
-        args.envoy_config.clone(),
-    );
-    let (policies, envoy) = match load() {
-        Ok(loaded) => loaded,
-        Err(e) => {
-            eprintln!("sluice: {e}");
-            return Ok(ExitCode::from(INVALID_INPUT));
-        }
-    };
+    // Connections are bounded below the file limit; raise the soft limit to the hard one
+    // first, as servers do, so the bounds are as high as the machine allows.
+    if let Err(error) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(%error, "could not raise the open file limit");
+    }
+    let mut builder = Server::builder()
+        .http(args.listen)
+        .store_url(args.store)
+        .envoy_headers(args.envoy_headers)
+        .reload_on_hangup(true);
+    if let Some(path) = args.config {
+        builder = builder.policies_file(path);
+    }
+    if let Some(dir) = args.envoy_config {
+        builder = builder.envoy_dir(dir);
+    }
+    if let Some(address) = args.grpc_listen {
+        builder = builder.grpc(address);
+    }
+    if let Some(address) = args.resp_listen {
+        builder = builder.resp(address);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = match store_url::open(&args.store).await {
-            Ok(s) => s,
-            Err(message) => {
-                eprintln!("sluice: --store: {message}");
+        let server = match builder.bind().await {
+            Ok(server) => server,
+            Err(error) if error.is_invalid_input() => {
+                eprintln!("sluice: {error}");
                 return Ok(ExitCode::from(INVALID_INPUT));
             }
+            Err(error) => return Err(error.into()),
         };
-        let all: Vec<Policy> = policies
-            .iter()
-            .cloned()
-            .chain(envoy.policies.iter().cloned())
-            .collect();
-        let count = all.len();
-        let mut builder = Limiter::builder(store.clone()).policies(all);
-        if store.is_remote() {
-            // Clients already denied are answered here; a reset made by another server is
-            // seen here within a second at most.
-            builder = builder.near_cache(100_000, Duration::from_secs(1));
-        }
-        let limiter = Arc::new(builder.build()?);
-        let mut service = Service::new(limiter.clone(), envoy);
-        service.envoy_headers = args.envoy_headers;
-        if let Some(memory) = store.as_memory() {
-            let memory = memory.clone();
-            service.store_metrics = Some(Box::new(move || {
-                let stats = memory.stats();
-                format!(
-                    "# HELP sluice_identifiers Identifiers held by the memory store.\n# TYPE sluice_identifiers gauge\nsluice_identifiers {}\n# HELP sluice_evictions_total Live states evicted to respect the bound.\n# TYPE sluice_evictions_total counter\nsluice_evictions_total {}\n",
-                    stats.identifiers, stats.evictions
-                )
-            }));
-        }
-        let service = Arc::new(service);
-        if let Some(memory) = store.as_memory().cloned() {
-            // Expired state is dropped in the background so idle identifiers free memory.
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(10));
-                loop {
-                    tick.tick().await;
-                    memory.sweep();
-                }
-            });
-        }
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let until_stopped = move || {
-            let mut stopped = stopped.clone();
-            async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            }
-        };
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let address = listener.local_addr()?;
-        let watched: Vec<PathBuf> = args
-            .config
-            .iter()
-            .chain(args.envoy_config.iter())
-            .cloned()
-            .collect();
-        // Installed before the listeners announce themselves, so an early SIGHUP reloads.
-        let watcher = reload::spawn(service.clone(), load, watched);
-        let mut tasks = tokio::task::JoinSet::new();
         // One plain line on stdout per listener, so scripts and tests can find the port of
-        // `--listen :0`.
-        println!("sluice listening on http://{address}");
-        if let Some(addr) = args.grpc_listen {
-            let grpc = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr}"))?;
-            println!("sluice grpc listening on {}", grpc.local_addr()?);
-            let service = service.clone();
-            let shutdown = until_stopped();
-            tasks.spawn(async move {
-                sluice_server::grpc::serve(grpc, service, shutdown)
-                    .await
-                    .map_err(anyhow::Error::from)
-            });
+        // `--listen 127.0.0.1:0`.
+        println!("sluice listening on http://{}", server.http_addr());
+        if let Some(address) = server.grpc_addr() {
+            println!("sluice grpc listening on {address}");
         }
-        if let Some(addr) = args.resp_listen {
-            let resp = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr}"))?;
-            println!("sluice resp listening on {}", resp.local_addr()?);
-            let service = service.clone();
-            let shutdown = until_stopped();
-            tasks.spawn(async move {
-                sluice_server::resp::serve(resp, service, shutdown).await;
-                Ok(())
-            });
+        if let Some(address) = server.resp_addr() {
+            println!("sluice resp listening on {address}");
         }
         std::io::stdout().flush()?;
-        tracing::info!(%address, policies = count, "serving");
-        service.set_ready(true);
-        let router = http::router(service.clone()).merge(sluice_server::http::router(service.clone()));
-        let ready = service.clone();
-        let shutdown = until_stopped();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            ready.set_ready(false);
-            let _ = stop.send(true);
-        });
-        http::serve(listener, router, shutdown).await?;
-        while let Some(result) = tasks.join_next().await {
-            result??;
-        }
-        watcher.abort();
-        tracing::info!("shut down cleanly");
+        server.run(shutdown_signal()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }

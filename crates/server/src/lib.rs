@@ -1,6 +1,22 @@
-//! The sluice service: Envoy's rate limit service (gRPC and `POST /json`) over
-//! envoyproxy/ratelimit's YAML config, the Redis protocol (`CL.THROTTLE`), Prometheus
-//! metrics, readiness, and config reload, all sharing one [`Service`].
+//! The sluice service, whole: the policy config, the store URL, the HTTP policy API, Envoy's
+//! rate limit service (gRPC and `POST /json`) over envoyproxy/ratelimit's YAML config, the
+//! Redis protocol (`CL.THROTTLE`), Prometheus metrics, readiness and config reload, all
+//! sharing one [`Service`]. `sluice serve` is [`Server`]; a program can embed the same.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), sluice_server::ServeError> {
+//! let server = sluice_server::Server::builder()
+//!     .policies_file("sluice.toml")
+//!     .store_url("redis://127.0.0.1:6379")
+//!     .http("127.0.0.1:8080".parse().unwrap())
+//!     .grpc("127.0.0.1:8081".parse().unwrap())
+//!     .bind()
+//!     .await?;
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+//!
+//! The pieces answer on their own too: an Envoy request decided on a [`Service`]:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -12,7 +28,7 @@
 //! let yaml = "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n";
 //! let envoy = config::parse([(std::path::Path::new("web.yaml"), yaml)]).unwrap();
 //! let limiter = Arc::new(Limiter::builder(MemoryStore::new()).policies(envoy.policies.clone()).build().unwrap());
-//! let service = Service::new(limiter, envoy);
+//! let service = Service::builder(limiter).envoy(envoy).build();
 //! let request = EnvoyRequest {
 //!     domain: "web".into(),
 //!     descriptors: vec![EnvoyDescriptor { entries: vec![("ip".into(), "10.0.0.1".into())], ..Default::default() }],
@@ -26,12 +42,19 @@
 
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod envoy;
-pub mod grpc;
+mod grpc;
 pub mod http;
-pub mod metrics;
+mod listener;
+mod metrics;
 pub mod reload;
 pub mod resp;
+mod serve;
 mod service;
+pub mod store_url;
 
-pub use service::{MAX_DYNAMIC_POLICIES, Service};
+pub use listener::Limits;
+pub use metrics::Metrics;
+pub use serve::{ServeError, Server, ServerBuilder};
+pub use service::{Dynamic, MAX_DYNAMIC_POLICIES, Service, ServiceBuilder};

@@ -1,6 +1,11 @@
-//! Prometheus metrics, written by hand in the text format: decisions by policy and result,
-//! shadow-mode would-be denials, decision latency, store errors, near-cache hits, reloads,
-//! and whatever the store reports (identifiers held, evictions).
+//! Prometheus metrics, written by hand in the text format (a dozen fixed series need no
+//! registry crate): decisions by policy and result, shadow-mode would-be denials, decision
+//! latency, store errors, near-cache hits, reloads, connections, and what the memory store
+//! reports (identifiers held, evictions).
+//!
+//! Label values are never chosen by clients: a `policy` label is a configured policy's name
+//! or the kind of a policy made on the fly (`cl.throttle`, `envoy.override`); checks of a
+//! name no policy has are counted in one series without the name.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -8,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use sluice_limiter::{Checked, Error, LimiterStats};
+use sluice_limiter::{Checked, Error, LimiterStats, MemoryStats};
+
+use crate::listener::ConnectionCounts;
 
 /// Upper bounds (seconds) of the latency histogram's buckets.
 const BUCKETS: [f64; 12] = [
@@ -27,20 +34,51 @@ struct PolicyCounts {
 #[derive(Default)]
 pub struct Metrics {
     policies: RwLock<HashMap<String, PolicyCounts>>,
+    unknown_policy: AtomicU64,
     buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_nanos: AtomicU64,
-    pub reloads_ok: AtomicU64,
-    pub reloads_failed: AtomicU64,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+    pub(crate) http: std::sync::Arc<ConnectionCounts>,
+    pub(crate) grpc: std::sync::Arc<ConnectionCounts>,
+    pub(crate) resp: std::sync::Arc<ConnectionCounts>,
 }
 
-/// Most policies tracked by name; the rest are summed under `policy="other"` so on-the-fly
-/// policies cannot grow the metrics without bound.
-const MAX_TRACKED: usize = 10_000;
-
 impl Metrics {
-    /// Counts one decision (or failure to decide) of `policy` that took `elapsed`.
-    pub fn observe(&self, policy: &str, result: &Result<Checked, Error>, elapsed: Duration) {
+    /// Keeps series for exactly these policy names (and the on-the-fly kinds): a policy's
+    /// counts survive a reload that keeps it; one the reload removed stops being shown.
+    pub(crate) fn track(&self, names: Vec<String>) {
+        let mut map = self.policies.write();
+        let mut next = HashMap::with_capacity(names.len() + 2);
+        let kinds = [
+            crate::service::Dynamic::ClThrottle.label(),
+            crate::service::Dynamic::EnvoyOverride.label(),
+        ];
+        for name in names.into_iter().chain(kinds.map(str::to_owned)) {
+            let counts = map.remove(&name).unwrap_or_default();
+            next.insert(name, counts);
+        }
+        *map = next;
+    }
+
+    /// Counts a check that named no policy.
+    pub(crate) fn unknown_policy(&self) {
+        self.unknown_policy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reloaded(&self, ok: bool) {
+        let counter = if ok {
+            &self.reloads_ok
+        } else {
+            &self.reloads_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one decision (or failure to decide) of `policy` (a configured policy's name or
+    /// an on-the-fly kind) that took `elapsed`.
+    pub(crate) fn observe(&self, policy: &str, result: &Result<Checked, Error>, elapsed: Duration) {
         let bump = |counts: &PolicyCounts| {
             let counter = match result {
                 Ok(c) if c.shadow_denied => &counts.shadow_denied,
@@ -50,24 +88,9 @@ impl Metrics {
             };
             counter.fetch_add(1, Ordering::Relaxed);
         };
-        let known = {
-            let map = self.policies.read();
-            match map.get(policy) {
-                Some(counts) => {
-                    bump(counts);
-                    true
-                }
-                None => false,
-            }
-        };
-        if !known {
-            let mut map = self.policies.write();
-            let name = if map.len() >= MAX_TRACKED && !map.contains_key(policy) {
-                "other"
-            } else {
-                policy
-            };
-            bump(map.entry(name.to_owned()).or_default());
+        // A policy a reload removed while this check was deciding has no series any more.
+        if let Some(counts) = self.policies.read().get(policy) {
+            bump(counts);
         }
         let secs = elapsed.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
@@ -78,8 +101,9 @@ impl Metrics {
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// The text exposition; `extra` appends store-specific lines.
-    pub fn render(&self, stats: LimiterStats, extra: &str) -> String {
+    /// The text exposition, with the limiters' counts and the memory store's, if that is
+    /// the store.
+    pub fn render(&self, stats: LimiterStats, memory: Option<MemoryStats>) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str("# HELP sluice_decisions_total Decisions by policy and result.\n");
         out.push_str("# TYPE sluice_decisions_total counter\n");
@@ -171,7 +195,39 @@ impl Metrics {
             self.reloads_ok.load(Ordering::Relaxed),
             self.reloads_failed.load(Ordering::Relaxed)
         );
-        out.push_str(extra);
+        let _ = writeln!(
+            out,
+            "# HELP sluice_unknown_policy_total Checks naming no configured policy.\n# TYPE sluice_unknown_policy_total counter\nsluice_unknown_policy_total {}",
+            self.unknown_policy.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP sluice_connections Connections open, by listener.\n# TYPE sluice_connections gauge\n");
+        let listeners = [
+            ("http", &self.http),
+            ("grpc", &self.grpc),
+            ("resp", &self.resp),
+        ];
+        for (name, counts) in listeners {
+            let _ = writeln!(
+                out,
+                "sluice_connections{{listener=\"{name}\"}} {}",
+                counts.open.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP sluice_connections_refused_total Connections closed at once because the listener held its most.\n# TYPE sluice_connections_refused_total counter\n");
+        for (name, counts) in listeners {
+            let _ = writeln!(
+                out,
+                "sluice_connections_refused_total{{listener=\"{name}\"}} {}",
+                counts.refused.load(Ordering::Relaxed)
+            );
+        }
+        if let Some(memory) = memory {
+            let _ = writeln!(
+                out,
+                "# HELP sluice_identifiers Identifiers held by the memory store.\n# TYPE sluice_identifiers gauge\nsluice_identifiers {}\n# HELP sluice_evictions_total Live states evicted to respect the bound.\n# TYPE sluice_evictions_total counter\nsluice_evictions_total {}",
+                memory.identifiers, memory.evictions
+            );
+        }
         out
     }
 }

@@ -4,47 +4,72 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use sluice_limiter::Policy;
 
-use crate::envoy::config::{self, EnvoyConfig};
+use crate::config::{self, ConfigError};
+use crate::envoy::config::{self as envoy_config, EnvoyConfig, EnvoyConfigError};
 use crate::service::Service;
 
-/// Reads every config source; an error is one line naming the file.
-pub type Loader = Box<dyn Fn() -> Result<(Vec<Policy>, EnvoyConfig), String> + Send + Sync>;
-
-/// Loads the policies file through `policies` (if any) and the Envoy directory (if any).
-pub fn loader(
-    policies: impl Fn() -> Result<Vec<Policy>, String> + Send + Sync + 'static,
-    envoy_dir: Option<PathBuf>,
-) -> Loader {
-    Box::new(move || {
-        let list = policies()?;
-        let envoy = match &envoy_dir {
-            Some(dir) => config::load_dir(dir).map_err(|e| e.to_string())?,
-            None => EnvoyConfig::default(),
-        };
-        Ok((list, envoy))
-    })
+/// Where the service's config comes from: a policies file (TOML) and a directory of
+/// envoyproxy/ratelimit YAML files, each optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sources {
+    pub policies: Option<PathBuf>,
+    pub envoy: Option<PathBuf>,
 }
 
-/// Loads and installs the config; on error logs it and keeps the old one.
-pub fn reload(service: &Service, load: &Loader) -> bool {
-    let outcome = load()
+/// A config that cannot be used: the message names the file, the line and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error(transparent)]
+    Policies(#[from] ConfigError),
+    #[error(transparent)]
+    Envoy(#[from] EnvoyConfigError),
+}
+
+impl Sources {
+    /// Reads and validates every source.
+    pub fn load(&self) -> Result<(Vec<Policy>, EnvoyConfig), LoadError> {
+        let policies = match &self.policies {
+            Some(path) => config::load(path)?.policies,
+            None => Vec::new(),
+        };
+        let envoy = match &self.envoy {
+            Some(dir) => envoy_config::load_dir(dir)?,
+            None => EnvoyConfig::default(),
+        };
+        Ok((policies, envoy))
+    }
+
+    fn watched(&self) -> Vec<PathBuf> {
+        self.policies
+            .iter()
+            .chain(self.envoy.iter())
+            .cloned()
+            .collect()
+    }
+}
+
+/// Loads and installs the config; on error logs it and keeps the old one. Whether it was
+/// installed.
+pub fn reload(service: &Service, sources: &Sources) -> bool {
+    let outcome = sources
+        .load()
+        .map_err(|e| e.to_string())
         .and_then(|(policies, envoy)| service.replace(policies, envoy).map_err(|e| e.to_string()));
+    service.metrics().reloaded(outcome.is_ok());
     match outcome {
         Ok(()) => {
-            service.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(policies = service.limiter.policy_count(), "config reloaded");
+            tracing::info!(
+                policies = service.limiter().policy_count(),
+                "config reloaded"
+            );
             true
         }
         Err(error) => {
-            service
-                .metrics
-                .reloads_failed
-                .fetch_add(1, Ordering::Relaxed);
             tracing::error!(%error, "config reload rejected; the previous config keeps serving");
             false
         }
@@ -71,19 +96,25 @@ fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     out
 }
 
-/// Starts reloading on SIGHUP and when anything under `watched` changes. The SIGHUP
-/// handler is installed before this returns, so a SIGHUP sent once the service announces
-/// itself reloads rather than kills it. Must be called within a Tokio runtime.
-pub fn spawn(
+/// Starts reloading on SIGHUP (when `on_hangup`) and when anything under the sources
+/// changes. The SIGHUP handler is installed before this returns, so a SIGHUP sent once the
+/// service announces itself reloads rather than kills it. Must be called within a Tokio
+/// runtime.
+pub(crate) fn spawn(
     service: Arc<Service>,
-    load: Loader,
-    watched: Vec<PathBuf>,
+    sources: Sources,
+    on_hangup: bool,
 ) -> tokio::task::JoinHandle<()> {
     #[cfg(unix)]
-    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let hangup = on_hangup
+        .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok())
+        .flatten();
     #[cfg(not(unix))]
-    let hangup = None::<()>;
-    tokio::spawn(watch(service, load, watched, hangup))
+    let hangup = {
+        let _ = on_hangup;
+        None::<()>
+    };
+    tokio::spawn(watch(service, sources, hangup))
 }
 
 #[cfg(unix)]
@@ -93,10 +124,10 @@ type Hangup = ();
 
 async fn watch(
     service: Arc<Service>,
-    load: Loader,
-    watched: Vec<PathBuf>,
+    sources: Sources,
     #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hangup: Option<Hangup>,
 ) {
+    let watched = sources.watched();
     let mut last = fingerprint(&watched);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -115,14 +146,14 @@ async fn watch(
             () = signalled => {
                 tracing::info!("SIGHUP: reloading config");
                 last = fingerprint(&watched);
-                reload(&service, &load);
+                reload(&service, &sources);
             }
             _ = tick.tick() => {
                 let now = fingerprint(&watched);
                 if now != last {
                     last = now;
                     tracing::info!("config changed on disk: reloading");
-                    reload(&service, &load);
+                    reload(&service, &sources);
                 }
             }
         }

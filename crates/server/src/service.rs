@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use parking_lot::RwLock;
-use sluice_limiter::{Checked, Error, Limiter, Policy, PolicyError};
+use sluice_limiter::{
+    Checked, Error, Limiter, LimiterStats, Policy, PolicyError, PolicyRef, Selectors,
+};
 
 use crate::envoy::config::EnvoyConfig;
 use crate::metrics::Metrics;
@@ -16,41 +18,103 @@ use crate::metrics::Metrics;
 /// store under names derived from the parameters, so starting afresh loses no count.
 pub const MAX_DYNAMIC_POLICIES: usize = 4_096;
 
-/// Everything the listeners share.
-pub struct Service {
-    pub limiter: Arc<Limiter>,
-    dynamic: Limiter,
-    envoy: RwLock<Arc<EnvoyConfig>>,
-    pub metrics: Metrics,
-    ready: AtomicBool,
-    /// Add `X-RateLimit-*` and `RateLimit` headers to Envoy answers.
-    pub envoy_headers: bool,
-    /// Store-specific metric lines (identifiers held, evictions), in Prometheus text.
-    pub store_metrics: Option<Box<dyn Fn() -> String + Send + Sync>>,
+/// The kinds of policy made on the fly from a request's parameters. Their metrics are
+/// labelled by kind, never by the parameters: clients cannot choose label values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Dynamic {
+    /// redis-cell's `CL.THROTTLE key max_burst count period`.
+    ClThrottle,
+    /// A descriptor's `limit` in an Envoy request.
+    EnvoyOverride,
 }
 
-impl Service {
-    /// A service over `limiter` (configured policies); policies made on the fly use the
-    /// same store.
-    pub fn new(limiter: Arc<Limiter>, envoy: EnvoyConfig) -> Service {
+impl Dynamic {
+    /// The `policy` label of this kind's metrics.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Dynamic::ClThrottle => "cl.throttle",
+            Dynamic::EnvoyOverride => "envoy.override",
+        }
+    }
+}
+
+/// Everything the listeners share. Build with [`Service::builder`].
+pub struct Service {
+    limiter: Arc<Limiter>,
+    dynamic: Limiter,
+    envoy: RwLock<Arc<EnvoyConfig>>,
+    metrics: Metrics,
+    ready: AtomicBool,
+    envoy_headers: bool,
+}
+
+/// Configures a [`Service`].
+pub struct ServiceBuilder {
+    limiter: Arc<Limiter>,
+    envoy: EnvoyConfig,
+    envoy_headers: bool,
+}
+
+impl ServiceBuilder {
+    /// envoyproxy/ratelimit's descriptor trees; their limits must be among the limiter's
+    /// policies (see [`EnvoyConfig::policies`]).
+    pub fn envoy(mut self, envoy: EnvoyConfig) -> Self {
+        self.envoy = envoy;
+        self
+    }
+
+    /// Add `X-RateLimit-*` and `RateLimit` headers to Envoy answers.
+    pub fn envoy_headers(mut self, on: bool) -> Self {
+        self.envoy_headers = on;
+        self
+    }
+
+    pub fn build(self) -> Service {
+        let metrics = Metrics::default();
+        metrics.track(
+            self.limiter
+                .policies()
+                .iter()
+                .map(|p| p.name().to_owned())
+                .collect(),
+        );
         Service {
-            dynamic: Limiter::builder(limiter.store().clone())
+            // Policies made on the fly decide on the same store as the configured ones.
+            dynamic: Limiter::builder(self.limiter.store().clone())
                 .build()
                 .expect("no policies to reject"),
-            limiter,
-            envoy: RwLock::new(Arc::new(envoy)),
-            metrics: Metrics::default(),
+            limiter: self.limiter,
+            envoy: RwLock::new(Arc::new(self.envoy)),
+            metrics,
             ready: AtomicBool::new(false),
-            envoy_headers: false,
-            store_metrics: None,
+            envoy_headers: self.envoy_headers,
         }
     }
 }
 
 impl Service {
-    /// The store's own metric lines, if it reports any.
-    pub fn store_metrics(&self) -> String {
-        self.store_metrics.as_ref().map(|f| f()).unwrap_or_default()
+    /// A service over `limiter`, whose policies are the configured ones.
+    pub fn builder(limiter: Arc<Limiter>) -> ServiceBuilder {
+        ServiceBuilder {
+            limiter,
+            envoy: EnvoyConfig::default(),
+            envoy_headers: false,
+        }
+    }
+
+    /// The limiter of configured policies.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Whether Envoy answers carry rate limit headers.
+    pub fn envoy_headers(&self) -> bool {
+        self.envoy_headers
     }
 
     pub fn envoy(&self) -> Arc<EnvoyConfig> {
@@ -64,8 +128,10 @@ impl Service {
         envoy: EnvoyConfig,
     ) -> Result<(), PolicyError> {
         policies.extend(envoy.policies.iter().cloned());
+        let names = policies.iter().map(|p| p.name.clone()).collect();
         self.limiter.replace_policies(policies)?;
         *self.envoy.write() = Arc::new(envoy);
+        self.metrics.track(names);
         Ok(())
     }
 
@@ -78,48 +144,75 @@ impl Service {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
-    /// Checks a configured policy, counting the decision in the metrics.
+    /// Checks a configured policy, counting the decision in the metrics under its name. A
+    /// name no policy has is counted once, without the name.
     pub async fn check(
         &self,
         policy: &str,
-        selectors: &[(&str, &str)],
+        selectors: &Selectors<'_>,
+        cost: u64,
+    ) -> Result<Checked, Error> {
+        match self.limiter.policy(policy) {
+            Some(policy) => self.check_policy(&policy, selectors, cost).await,
+            None => {
+                self.metrics.unknown_policy();
+                Err(Error::unknown_policy(policy))
+            }
+        }
+    }
+
+    /// Checks `policy` (a handle on a configured policy), counting the decision.
+    pub async fn check_policy(
+        &self,
+        policy: &PolicyRef,
+        selectors: &Selectors<'_>,
         cost: u64,
     ) -> Result<Checked, Error> {
         let started = Instant::now();
         let result = self.limiter.check(policy, selectors, cost).await;
-        self.metrics.observe(policy, &result, started.elapsed());
+        self.metrics
+            .observe(policy.name(), &result, started.elapsed());
         result
     }
 
-    /// Checks an on-the-fly policy named `name`, made by `make` the first time.
+    /// Checks an on-the-fly policy of `kind` named `name`, made by `make` the first time.
+    /// Its metrics are counted under the kind.
     pub async fn check_dynamic(
         &self,
+        kind: Dynamic,
         name: &str,
         make: impl FnOnce() -> Policy,
-        selectors: &[(&str, &str)],
+        selectors: &Selectors<'_>,
         cost: u64,
     ) -> Result<Checked, Error> {
-        if self.dynamic.policy(name).is_none() {
-            if self.dynamic.policy_count() >= MAX_DYNAMIC_POLICIES {
-                let _ = self.dynamic.replace_policies(Vec::new());
+        let policy = match self.dynamic.policy(name) {
+            Some(policy) => policy,
+            None => {
+                if self.dynamic.policy_count() >= MAX_DYNAMIC_POLICIES {
+                    let _ = self.dynamic.replace_policies(Vec::new());
+                }
+                match self.dynamic.add_policy(make()) {
+                    Ok(policy) => policy,
+                    Err(e) => {
+                        // Callers build valid policies; a bad one is a bug, reported as unknown.
+                        tracing::error!(error = %e, "on-the-fly policy rejected");
+                        return Err(Error::unknown_policy(name));
+                    }
+                }
             }
-            if let Err(e) = self.dynamic.add_policy(make()) {
-                // Callers build valid policies; a bad one is a bug, reported as unknown.
-                tracing::error!(error = %e, "on-the-fly policy rejected");
-                return Err(Error::UnknownPolicy(name.to_owned()));
-            }
-        }
+        };
         let started = Instant::now();
-        let result = self.dynamic.check(name, selectors, cost).await;
-        self.metrics.observe(name, &result, started.elapsed());
+        let result = self.dynamic.check(&policy, selectors, cost).await;
+        self.metrics
+            .observe(kind.label(), &result, started.elapsed());
         result
     }
 
     /// Counters of both limiters, summed.
-    pub fn limiter_stats(&self) -> sluice_limiter::LimiterStats {
+    pub fn limiter_stats(&self) -> LimiterStats {
         let a = self.limiter.stats();
         let b = self.dynamic.stats();
-        sluice_limiter::LimiterStats {
+        LimiterStats {
             near_cache_hits: a.near_cache_hits + b.near_cache_hits,
             store_errors: a.store_errors + b.store_errors,
             failed_open: a.failed_open + b.failed_open,

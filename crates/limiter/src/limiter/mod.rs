@@ -85,8 +85,8 @@ impl Error {
     }
 
     /// An unknown policy's error. The name is cut to 128 bytes (a policy name's limit): an
-    /// error about a name no policy has never carries more of it than any policy could.
-    pub(crate) fn unknown_policy(name: &str) -> Error {
+    /// error about a name a client sent never carries more of it than any policy could.
+    pub fn unknown_policy(name: &str) -> Error {
         let mut end = name.len().min(128);
         while !name.is_char_boundary(end) {
             end -= 1;

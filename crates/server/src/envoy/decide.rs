@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit};
+use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit, whole_seconds};
 use sluice_limiter::{Algorithm, Policy};
 
 use super::config::{Limit, Limited, SELECTOR};
-use crate::service::Service;
+use crate::service::{Dynamic, Service};
 
 /// Bounds on one request.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -164,12 +164,10 @@ fn span_of(unit_number: i32) -> Option<Span> {
     Span::new(n, u).ok()
 }
 
-/// Time left in the current fixed window of `span`, in whole seconds rounded up.
-fn window_left(span: Span) -> Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+/// Time left at `now` (nanoseconds since the Unix epoch) in the current fixed window of
+/// `span`, in whole seconds rounded up.
+fn window_left(span: Span, now: u64) -> Duration {
+    let now = now / 1_000_000_000;
     let secs = span.duration().as_secs().max(1);
     Duration::from_secs(secs - now % secs)
 }
@@ -197,6 +195,8 @@ impl Service {
         request: &EnvoyRequest,
     ) -> Result<EnvoyResponse, EnvoyError> {
         validate(request)?;
+        // The limiter's clock: the same time its decisions are made on, and a test's to drive.
+        let now = self.limiter().clock().now();
         let config = self.envoy();
         let mut resolved = Vec::with_capacity(request.descriptors.len());
         for d in &request.descriptors {
@@ -254,7 +254,7 @@ impl Service {
                     },
                     current_limit: Some(current(l)),
                     limit_remaining: 0,
-                    duration_until_reset: Some(window_left(l.span)),
+                    duration_until_reset: Some(window_left(l.span, now)),
                 },
                 Resolved::Config(Limit::Limited(l)) => {
                     let value = descriptor_value("", &d.entries);
@@ -263,18 +263,24 @@ impl Service {
                         // A reload removed this leaf's policy since the tree was read: decide
                         // on the new tree rather than fail the request.
                         Err(sluice_limiter::Error::UnknownPolicy(_)) => {
-                            self.recheck(&request.domain, d, &value, cost).await?
+                            self.recheck(&request.domain, d, &value, cost, now).await?
                         }
-                        checked => status_of(l, checked)?,
+                        checked => status_of(l, checked, now)?,
                     }
                 }
                 Resolved::Override(l) => {
                     let value = descriptor_value(&request.domain, &d.entries);
                     let make = || override_policy(l);
                     let checked = self
-                        .check_dynamic(&l.policy, make, &[(SELECTOR, &value)], cost)
+                        .check_dynamic(
+                            Dynamic::EnvoyOverride,
+                            &l.policy,
+                            make,
+                            &[(SELECTOR, &value)],
+                            cost,
+                        )
                         .await;
-                    status_of(l, checked)?
+                    status_of(l, checked, now)?
                 }
             };
             statuses.push(status);
@@ -284,7 +290,7 @@ impl Service {
         } else {
             Code::Ok
         };
-        let headers = if self.envoy_headers {
+        let headers = if self.envoy_headers() {
             headers(&statuses)
         } else {
             Vec::new()
@@ -304,6 +310,7 @@ impl Service {
         d: &EnvoyDescriptor,
         value: &str,
         cost: u64,
+        now: u64,
     ) -> Result<DescriptorStatus, EnvoyError> {
         let config = self.envoy();
         let entries: Vec<(&str, &str)> = d
@@ -314,7 +321,7 @@ impl Service {
         match config.limit_for(domain, &entries) {
             Some(Limit::Limited(l)) => {
                 let checked = self.check(&l.policy, &[(SELECTOR, value)], cost).await;
-                status_of(l, checked)
+                status_of(l, checked, now)
             }
             Some(Limit::Unlimited) => Ok(ok_without_limit(u32::MAX)),
             _ => Ok(ok_without_limit(0)),
@@ -334,6 +341,7 @@ fn ok_without_limit(remaining: u32) -> DescriptorStatus {
 fn status_of(
     limited: &Limited,
     checked: Result<sluice_limiter::Checked, sluice_limiter::Error>,
+    now: u64,
 ) -> Result<DescriptorStatus, EnvoyError> {
     let checked = checked.map_err(|e| EnvoyError::Unavailable(e.to_string()))?;
     let d = &checked.decision;
@@ -344,14 +352,13 @@ fn status_of(
         u32::try_from(d.remaining).unwrap_or(u32::MAX)
     };
     // Whole seconds, rounded up, as envoyproxy/ratelimit reports its windows.
-    let reset =
-        Duration::from_secs(d.reset_after.as_secs() + u64::from(d.reset_after.subsec_nanos() > 0));
+    let reset = Duration::from_secs(whole_seconds(d.reset_after));
     Ok(DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok },
         current_limit: Some(current(limited)),
         limit_remaining: remaining,
         duration_until_reset: Some(if reset.is_zero() {
-            window_left(limited.span)
+            window_left(limited.span, now)
         } else {
             reset
         }),

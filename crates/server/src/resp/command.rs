@@ -11,10 +11,10 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit};
+use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit, whole_seconds};
 use sluice_limiter::{Algorithm, Checked, Policy};
 
-use crate::service::Service;
+use crate::service::{Dynamic, Service};
 
 /// What to do after replying.
 #[derive(Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ fn integer(text: &[u8]) -> Option<i64> {
 
 /// Whole seconds, rounded up (as redis-cell does, so no caller retries too early).
 fn ceil_secs(d: Duration) -> i64 {
-    d.as_secs() as i64 + i64::from(d.subsec_nanos() > 0)
+    i64::try_from(whole_seconds(d)).unwrap_or(i64::MAX)
 }
 
 fn decision_reply(out: &mut Vec<u8>, checked: &Checked) {
@@ -188,6 +188,7 @@ async fn throttle(service: &Service, args: &[Vec<u8>], out: &mut Vec<u8>) {
     };
     match service
         .check_dynamic(
+            Dynamic::ClThrottle,
             &name,
             || cell_policy(&name, burst, rate),
             &[("key", key)],

@@ -1,65 +1,47 @@
 //! The Redis protocol listener (`--resp-listen`): redis-cell's `CL.THROTTLE`, sluice's
-//! `SLUICE.CHECK`, and the handful of commands clients send on connecting (see [`command`]).
+//! `SLUICE.CHECK`, and the handful of commands clients send on connecting.
 //! Pipelined commands are answered in order with one write per batch. Unknown commands get
 //! an error reply; only a stream that cannot be parsed further is closed (after a reply
 //! saying why). Idle and half-sent commands time out, so slow clients cannot hold sockets.
 
-pub mod command;
-pub mod frame;
+pub(crate) mod command;
+pub(crate) mod frame;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
+use crate::listener::{Connection, Listener};
 use crate::service::Service;
 use command::After;
 use frame::Parsed;
 
-/// A connection with nothing to say for this long is closed.
+/// A connection with nothing to say for this long is closed (the listener's default
+/// [`Limits::idle`](crate::Limits::idle)).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// A command begun must be complete within this time (slowloris).
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most connections served at once; more wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 10_000;
 
 /// Serves the Redis protocol on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: TcpListener,
+pub(crate) async fn serve(
+    listener: Listener,
     service: Arc<Service>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
+        let stream = tokio::select! {
             () = &mut shutdown => return,
-            p = permits.clone().acquire_owned() => p.expect("never closed"),
+            c = listener.accept() => c,
         };
-        let accepted = tokio::select! {
-            () = &mut shutdown => return,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                let service = service.clone();
-                tokio::spawn(async move {
-                    let _ = stream.set_nodelay(true);
-                    connection(stream, &service).await;
-                    drop(permit);
-                });
-            }
-            Err(error) => {
-                tracing::warn!(%error, "resp accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        let service = service.clone();
+        tokio::spawn(async move { connection(stream, &service).await });
     }
 }
 
-async fn connection(mut stream: TcpStream, service: &Service) {
+async fn connection(mut stream: Connection, service: &Service) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = vec![0u8; 16 * 1024];
@@ -97,15 +79,20 @@ async fn connection(mut stream: TcpStream, service: &Service) {
             let _ = stream.shutdown().await;
             return;
         }
-        let deadline = if buf.is_empty() {
+        // Idle between commands: the listener's idle deadline closes the connection.
+        let read = if buf.is_empty() {
             begun = None;
-            tokio::time::Instant::now() + IDLE_TIMEOUT
+            stream.read(&mut chunk).await
         } else {
-            *begun.get_or_insert_with(tokio::time::Instant::now) + COMMAND_TIMEOUT
+            let deadline = *begun.get_or_insert_with(tokio::time::Instant::now) + COMMAND_TIMEOUT;
+            match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+                Ok(read) => read,
+                Err(_) => return,
+            }
         };
-        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }

@@ -20,7 +20,9 @@ use sluice_limiter::policy::CompiledPolicy;
 use sluice_limiter::{FailureMode, Policy, PolicyError};
 use toml::Spanned;
 
-use crate::duration::parse_duration;
+mod duration;
+
+use duration::parse_duration;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,34 +1,30 @@
-//! HTTP routes the service adds beside the policy API: envoyproxy/ratelimit's `POST /json`,
-//! Prometheus `GET /metrics`, liveness `GET /live` and readiness `GET /ready` (503 until
-//! every listener is bound and the config is loaded, and again while shutting down).
+//! Routes beside the policy API: envoyproxy/ratelimit's `POST /json`, Prometheus
+//! `GET /metrics`, liveness `GET /live` and readiness `GET /ready` (503 until every listener
+//! is bound and the config is loaded, and again while shutting down).
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::service::Service;
 
-/// Largest `/json` body accepted.
-pub const MAX_BODY: usize = 64 * 1024;
-
 /// The routes over `service`, to merge into the main router.
-pub fn router(service: Arc<Service>) -> Router {
+pub(super) fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/json", post(crate::envoy::json::handler))
         .route("/metrics", get(metrics))
         .route("/live", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(service)
 }
 
 async fn metrics(State(service): State<Arc<Service>>) -> Response {
-    let extra = service.store_metrics();
-    let body = service.metrics.render(service.limiter_stats(), &extra);
+    let memory = service.limiter().store().as_memory().map(|m| m.stats());
+    let body = service.metrics().render(service.limiter_stats(), memory);
     (
         [(
             header::CONTENT_TYPE,

@@ -1,4 +1,5 @@
-//! The JSON shape of a decision, shared by `serve`, `check` and `simulate`.
+//! The JSON shape of a decision, shared by the policy API and the `check` and `simulate`
+//! commands.
 
 use serde_json::{Value, json};
 use sluice_limiter::Checked;
