@@ -97,13 +97,14 @@ fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
 }
 
 /// Starts reloading on SIGHUP (when `on_hangup`) and when anything under the sources
-/// changes. The SIGHUP handler is installed before this returns, so a SIGHUP sent once the
+/// changes (when `on_change`). The SIGHUP handler is installed before this returns, so a SIGHUP sent once the
 /// service announces itself reloads rather than kills it. Must be called within a Tokio
 /// runtime.
 pub(crate) fn spawn(
     service: Arc<Service>,
     sources: Sources,
     on_hangup: bool,
+    on_change: bool,
 ) -> tokio::task::JoinHandle<()> {
     #[cfg(unix)]
     let hangup = on_hangup
@@ -114,7 +115,7 @@ pub(crate) fn spawn(
         let _ = on_hangup;
         None::<()>
     };
-    tokio::spawn(watch(service, sources, hangup))
+    tokio::spawn(watch(service, sources, hangup, on_change))
 }
 
 #[cfg(unix)]
@@ -126,8 +127,13 @@ async fn watch(
     service: Arc<Service>,
     sources: Sources,
     #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hangup: Option<Hangup>,
+    on_change: bool,
 ) {
-    let watched = sources.watched();
+    let watched = if on_change {
+        sources.watched()
+    } else {
+        Vec::new()
+    };
     let mut last = fingerprint(&watched);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {

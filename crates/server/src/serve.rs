@@ -70,6 +70,7 @@ pub struct ServerBuilder {
     grpc_limits: Option<Limits>,
     resp_limits: Option<Limits>,
     reload_on_hangup: bool,
+    reload_on_change: bool,
 }
 
 impl ServerBuilder {
@@ -145,6 +146,12 @@ impl ServerBuilder {
         self
     }
 
+    /// Reload the config when a file of it changes (checked every second; on by default).
+    pub fn reload_on_change(mut self, on: bool) -> Self {
+        self.reload_on_change = on;
+        self
+    }
+
     /// Reads the config, opens the store and binds every listener. Must be called within a
     /// Tokio runtime.
     pub async fn bind(self) -> Result<Server, ServeError> {
@@ -194,7 +201,12 @@ impl ServerBuilder {
             None => None,
         };
         // Installed before the listeners announce themselves, so an early SIGHUP reloads.
-        let reloader = reload::spawn(service.clone(), self.sources, self.reload_on_hangup);
+        let reloader = reload::spawn(
+            service.clone(),
+            self.sources,
+            self.reload_on_hangup,
+            self.reload_on_change,
+        );
         Ok(Server {
             service,
             store,
@@ -261,6 +273,7 @@ impl Server {
             grpc_limits: None,
             resp_limits: None,
             reload_on_hangup: false,
+            reload_on_change: true,
         }
     }
 

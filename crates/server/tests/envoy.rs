@@ -1,0 +1,230 @@
+//! The service as a drop-in for envoyproxy/ratelimit and redis-cell, started in process and
+//! driven by clients no one here wrote (Python grpcio with xds-protos stubs, redis-cli,
+//! redis-py). `scripts/test.sh` installs them. Also config reload, as SIGHUP triggers it.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::json;
+use support::{ENVOY, Server, curl, envoy, json, one, summary};
+
+#[test]
+fn grpc_answers_like_envoyproxy_ratelimit() {
+    let server = Server::start_with("", &[("config.yaml", ENVOY)], |b| b);
+    let users = one("mongo_cps", &[("database", "users")]);
+    let answers = envoy(&server, json!([users, users, users, users]));
+    let got: Vec<(String, u64)> = answers.iter().map(summary).collect();
+    assert_eq!(
+        got,
+        [("OK", 2), ("OK", 1), ("OK", 0), ("OVER_LIMIT", 0)].map(|(c, n)| (c.to_owned(), n))
+    );
+    for a in &answers {
+        let status = &a["statuses"][0];
+        assert_eq!(status["limit"], json!([3, "HOUR"]));
+        // Fixed windows aligned to the hour, as envoyproxy/ratelimit counts.
+        let expected = 3600 - a["now"].as_i64().unwrap() % 3600;
+        let reset = status["reset"].as_i64().unwrap();
+        assert!(
+            (reset - expected).abs() <= 2,
+            "reset {reset}, expected {expected}"
+        );
+    }
+    assert_eq!(answers[3]["overall"], "OVER_LIMIT");
+
+    // A key without a value counts per value; wildcards match by prefix; unknown is OK.
+    let answers = envoy(
+        &server,
+        json!([
+            one("mongo_cps", &[("remote_address", "10.0.0.1")]),
+            one("mongo_cps", &[("remote_address", "10.0.0.1")]),
+            one("mongo_cps", &[("remote_address", "10.0.0.1")]),
+            one("mongo_cps", &[("remote_address", "10.0.0.2")]),
+            one("mongo_cps", &[("path", "/api/a")]),
+            one("mongo_cps", &[("path", "/api/a")]),
+            one("mongo_cps", &[("path", "/other")]),
+            one("mongo_cps", &[("client", "vip")]),
+            one("mongo_cps", &[("shadow", "x")]),
+            one("mongo_cps", &[("shadow", "x")]),
+            one("nowhere", &[("a", "b")]),
+        ]),
+    );
+    let got: Vec<(String, u64)> = answers.iter().map(summary).collect();
+    let want = [
+        ("OK", 1),
+        ("OK", 0),
+        ("OVER_LIMIT", 0),
+        ("OK", 1),
+        ("OK", 0),
+        ("OVER_LIMIT", 0),
+        ("OK", 0),
+        ("OK", u64::from(u32::MAX)),
+        ("OK", 0),
+        ("OK", 0), // shadow mode: over, but answered OK
+    ];
+    assert_eq!(&got[..10], want.map(|(c, n)| (c.to_owned(), n)));
+    assert_eq!(answers[10]["overall"], "OK");
+
+    // Several descriptors: over when any is; `replaces` drops the per_ip limit; hits_addend
+    // 0 on a descriptor only checks; a request override replaces the configured limit.
+    let answers = envoy(
+        &server,
+        json!([
+            { "domain": "mongo_cps", "descriptors": [
+                { "entries": [["remote_address", "10.0.0.9"]] },
+                { "entries": [["tenant", "t1"], ["user", "u1"]], "hits_addend": 2 }
+            ]},
+            { "domain": "mongo_cps", "descriptors": [
+                { "entries": [["tenant", "t1"], ["user", "u1"]], "hits_addend": 0 }
+            ]},
+            { "domain": "mongo_cps", "hits_addend": 3, "descriptors": [
+                { "entries": [["database", "other"]], "limit": [5, "MINUTE"] }
+            ]},
+            { "domain": "mongo_cps", "hits_addend": 3, "descriptors": [
+                { "entries": [["database", "other"]], "limit": [5, "MINUTE"] }
+            ]},
+        ]),
+    );
+    let first = &answers[0]["statuses"];
+    assert_eq!(first[0]["code"], "OK");
+    assert!(first[0].get("limit").is_none(), "replaced: {first}");
+    assert_eq!(
+        (first[1]["code"].as_str(), first[1]["remaining"].as_u64()),
+        (Some("OK"), Some(0))
+    );
+    assert_eq!(first[1]["limit"], json!([2, "HOUR"]));
+    assert_eq!(summary(&answers[1]), ("OK".to_owned(), 0));
+    assert_eq!(summary(&answers[2]), ("OK".to_owned(), 2));
+    assert_eq!(answers[2]["statuses"][0]["limit"], json!([5, "MINUTE"]));
+    assert_eq!(summary(&answers[3]), ("OVER_LIMIT".to_owned(), 0));
+
+    // Malformed requests are refused, not crashed on.
+    let answers = envoy(&server, json!([{ "domain": "", "descriptors": [] }]));
+    assert_eq!(answers[0]["error"], "INVALID_ARGUMENT");
+}
+
+#[test]
+fn json_endpoint_metrics_and_readiness() {
+    let server = Server::start_with(
+        "[policies.api]\nrule = \"user:2/h\"\n",
+        &[("config.yaml", ENVOY)],
+        |b| b.envoy_headers(true),
+    );
+    let check = r#"{"policy":"api","selectors":{"user":"u1"}}"#;
+    assert_eq!(
+        curl("POST", &format!("{}/v1/check", server.base), Some(check)).0,
+        200
+    );
+    let body =
+        r#"{"domain":"mongo_cps","descriptors":[{"entries":[{"key":"path","value":"/api/x"}]}]}"#;
+    let url = format!("{}/json", server.base);
+    let (status, answer) = curl("POST", &url, Some(body));
+    let answer = json(&answer);
+    assert_eq!((status, answer["overallCode"].as_str()), (200, Some("OK")));
+    assert_eq!(answer["statuses"][0]["currentLimit"]["requestsPerUnit"], 1);
+    let (status, answer) = curl("POST", &url, Some(body));
+    assert_eq!(status, 429, "{answer}");
+    let headers = &json(&answer)["responseHeadersToAdd"];
+    assert!(
+        headers.to_string().contains("X-RateLimit-Remaining"),
+        "{headers}"
+    );
+    let (status, _) = curl("POST", &url, Some("{not json"));
+    assert_eq!(status, 400);
+
+    let (status, text) = curl("GET", &format!("{}/metrics", server.base), None);
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(
+            r#"sluice_decisions_total{policy="envoy.mongo_cps.path=/api/*",result="denied"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains("sluice_identifiers "), "{text}");
+    assert!(
+        text.contains(r#"sluice_decisions_total{policy="api",result="allowed"} 1"#),
+        "{text}"
+    );
+    assert_eq!(curl("GET", &format!("{}/ready", server.base), None).0, 200);
+    assert_eq!(curl("GET", &format!("{}/live", server.base), None).0, 200);
+}
+
+fn redis_cli(server: &Server, args: &[&str]) -> String {
+    let (host, port) = server.resp.rsplit_once(':').unwrap();
+    let output = Command::new("redis-cli")
+        .args(["-h", host, "-p", port])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn redis_cli_and_redis_py_speak_cl_throttle() {
+    let server = Server::start_with("[policies.api]\nrule = \"user:2/h\"\n", &[], |b| b);
+    assert_eq!(redis_cli(&server, &["PING"]).trim(), "PONG");
+    // redis-cell's README: the first call on a fresh key.
+    let first = redis_cli(&server, &["CL.THROTTLE", "user123", "15", "30", "60", "1"]);
+    assert_eq!(
+        first.split_whitespace().collect::<Vec<_>>(),
+        ["0", "16", "15", "-1", "2"]
+    );
+    // A burst of 16 is spent by 15 more; the 17th waits one emission interval (2 s).
+    let mut last = String::new();
+    for _ in 0..16 {
+        last = redis_cli(&server, &["CL.THROTTLE", "user123", "15", "30", "60"]);
+    }
+    let last: Vec<i64> = last
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(&last[..3], [1, 16, 0]);
+    assert!((1..=2).contains(&last[3]), "retry_after {last:?}");
+    assert!((31..=32).contains(&last[4]), "reset_after {last:?}");
+    // Quantity 0 peeks; unknown commands are errors, not dropped connections.
+    let peek = redis_cli(&server, &["CL.THROTTLE", "fresh", "0", "1", "10", "0"]);
+    assert_eq!(
+        peek.split_whitespace().collect::<Vec<_>>(),
+        ["0", "1", "1", "-1", "0"]
+    );
+    assert!(redis_cli(&server, &["NOSUCH", "x"]).contains("unknown command"));
+    assert!(redis_cli(&server, &["CL.THROTTLE", "k", "x", "1", "1"]).contains("ERR"));
+
+    let (host, port) = server.resp.rsplit_once(':').unwrap();
+    let script = r#"
+import sys, redis
+r = redis.Redis(host=sys.argv[1], port=int(sys.argv[2]))
+assert r.ping()
+print(r.execute_command("CL.THROTTLE", "py", 1, 10, 60))
+print(r.execute_command("SLUICE.CHECK", "api", "user", "alice"))
+print(r.execute_command("SLUICE.CHECK", "api", "user", "alice"))
+print(r.execute_command("SLUICE.CHECK", "api", "user", "alice"))
+try:
+    r.execute_command("NOPE")
+except redis.ResponseError as e:
+    print("error", e)
+print(r.ping())
+pipe = r.pipeline(transaction=False)
+for _ in range(3):
+    pipe.execute_command("CL.THROTTLE", "pipe", 0, 1, 60)
+print([x[0] for x in pipe.execute()])
+"#;
+    let output = Command::new("python3")
+        .args(["-c", script, host, port])
+        .output()
+        .expect("run python3");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(lines[0], "[0, 2, 1, -1, 6]");
+    assert!(lines[1].starts_with("[0, 2, 1, -1,"), "{text}");
+    assert!(lines[2].starts_with("[0, 2, 0, -1,"), "{text}");
+    assert!(lines[3].starts_with("[1, 2, 0,"), "{text}");
+    assert!(lines[4].contains("unknown command"), "{text}");
+    assert_eq!(lines[5], "True");
+    assert_eq!(lines[6], "[0, 1, 1]");
+}
