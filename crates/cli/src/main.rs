@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use sluice_cli::simulate;
 use sluice_core::{Algorithm, Rule};
 use sluice_limiter::{Limiter, MemoryStore, Policy};
-use sluice_server::http::decision_json;
+use sluice_server::decision_json;
 use sluice_server::{Server, config};
 
 #[derive(Parser)]

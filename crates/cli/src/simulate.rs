@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use serde_json::json;
 use sluice_limiter::{Limiter, ManualClock, MemoryStore, Policy};
 
-use sluice_server::http::decision_json;
+use sluice_server::decision_json;
 
 /// Why a trace cannot be replayed.
 #[derive(Debug, thiserror::Error)]

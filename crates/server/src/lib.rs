@@ -45,16 +45,18 @@
 pub mod config;
 pub mod envoy;
 mod grpc;
-pub mod http;
+mod http;
 mod listener;
 mod metrics;
 pub mod reload;
-pub mod resp;
+mod resp;
 mod serve;
 mod service;
-pub mod store_url;
+mod store_url;
 
+pub use http::decision_json;
 pub use listener::Limits;
 pub use metrics::Metrics;
 pub use serve::{ServeError, Server, ServerBuilder};
 pub use service::{Dynamic, MAX_DYNAMIC_POLICIES, Service, ServiceBuilder};
+pub use store_url::open as open_store;

@@ -87,7 +87,7 @@ impl ServerBuilder {
     }
 
     /// Where counters live, as a URL (`memory://`, `redis://...`, `memcached://...`; see
-    /// [`crate::store_url`]). The default is `memory://`.
+    /// [`open_store`](crate::open_store)). The default is `memory://`.
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store = StoreChoice::Url(url.into());
         self

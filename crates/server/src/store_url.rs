@@ -49,7 +49,14 @@ fn positive(name: &str, value: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{name} `{value}` is not a positive number"))
 }
 
-/// Opens the store `url` names.
+/// Opens the store `url` names (options in full: the README's "Stores" section):
+///
+/// - `memory://` or `memory://?max_identifiers=N`: this process's memory.
+/// - `redis://[user:pass@]host:port[/db][?timeout_ms=N]`, `rediss://...` (TLS),
+///   `redis+cluster://host:port,...` (and `rediss+cluster://`): shared Redis.
+/// - `memcached://host:port,host:port,...[?timeout_ms=N&...]`: a pool of memcached servers.
+///
+/// A URL that cannot be used is an error saying why, and opens nothing.
 pub async fn open(url: &str) -> Result<DynStore, String> {
     let (scheme, rest) = url
         .split_once("://")
