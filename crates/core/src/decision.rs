@@ -52,6 +52,7 @@ impl Denial {
     }
 
     /// When the same hit would pass, if that is known and it ever can.
+    #[inline]
     pub const fn retry_after(self) -> Option<Duration> {
         match self {
             Denial::Limited { retry_after } | Denial::Penalized { retry_after } => {
@@ -64,6 +65,7 @@ impl Denial {
 
 impl Decision {
     /// An admitted hit's decision.
+    #[inline]
     pub const fn admitted(limit: u64, remaining: u64, reset_after: Duration, leaf: usize) -> Self {
         Decision {
             denial: None,
@@ -75,12 +77,14 @@ impl Decision {
     }
 
     /// Whether the hit was admitted.
+    #[inline]
     pub const fn allowed(&self) -> bool {
         self.denial.is_none()
     }
 
     /// When a denied hit would pass if nothing else arrived; `None` when admitted, or when
     /// waiting cannot help or is not known (see [`Denial`]).
+    #[inline]
     pub const fn retry_after(&self) -> Option<Duration> {
         match self.denial {
             Some(denial) => denial.retry_after(),
@@ -107,6 +111,7 @@ impl Decision {
 
     /// The decision one leaf's verdict makes on its own; `tick` is nanoseconds per tick of
     /// the verdict's times (see [`crate::Quota::tick`]).
+    #[inline]
     pub fn from_verdict(verdict: &Verdict, leaf: usize, tick: u64) -> Decision {
         Decision {
             denial: if verdict.allowed {
@@ -123,6 +128,7 @@ impl Decision {
 }
 
 /// The denial a leaf's `retry` makes (`None` for [`Retry::Now`]: nothing to wait for).
+#[inline]
 pub fn denial_of(retry: Retry, tick: u64) -> Option<Denial> {
     match retry {
         Retry::Now => None,
@@ -134,6 +140,7 @@ pub fn denial_of(retry: Retry, tick: u64) -> Option<Denial> {
 }
 
 /// `n` ticks of `tick` nanoseconds as a duration (saturating, never overflowing).
+#[inline]
 pub fn ticks(n: u64, tick: u64) -> Duration {
     if tick == 1 {
         return Duration::from_nanos(n); // the common case, without a runtime division

@@ -26,6 +26,7 @@ impl Recording {
     /// Whether a hit is recorded, from whether the rule `allowed` it and whether it was
     /// `possible` at all (its cost within what the rule can ever admit: a hit that can never
     /// pass is a caller's mistake, not an attempt worth counting).
+    #[inline]
     pub const fn records(self, allowed: bool, possible: bool) -> bool {
         match self {
             Recording::Admitted => allowed,
