@@ -21,27 +21,27 @@
 //!   with `add` and counted with `incr`, both atomic on the server, summed with one multi-key
 //!   `get`, each expiring by itself one sub-window after the window slid past it. Exact: a
 //!   hit is admitted from the total `incr` returns, so no read-then-write race can admit more
-//!   than the limit (see [`leaf`]).
+//!   than the limit (see `src/leaf.rs`).
 //! - **GCRA, fixed window, sliding log**: the state as short text under `<id>|s`, updated
 //!   with `gets` then `cas` (`add` when absent), tried again on a lost race up to 64 times
 //!   ([`MemcachedStoreBuilder::cas_tries`]), then an honest
 //!   [`Contention`](MemcachedError::Contention) error (transient: the failure policy
 //!   decides). A sliding log must fit one item: limits above
-//!   [`MAX_LOG_LIMIT`](value::MAX_LOG_LIMIT) are refused at decision time with
+//!   [`MAX_LOG_LIMIT`] are refused at decision time with
 //!   [`Unsupported`](MemcachedError::Unsupported) (use sliding-window or GCRA instead).
 //! - **Compound rules and penalties**: decided leaf by leaf; what an early leaf took is given
 //!   back when a later one denies, so a rule never over-admits; rules with `and` take turns
-//!   under a short lease per operation ([`lease`]). The bound on
-//!   under-admission, and what steps cost, are in [`decide`].
+//!   under a short lease per operation (`src/lease.rs`). The bound on
+//!   under-admission, and what steps cost, are in `src/decide.rs`.
 //!
-//! Key layouts and value formats: [`key`] and [`value`]. Identifiers
+//! Key layouts and value formats: `src/key.rs` and `src/value.rs`. Identifiers
 //! that memcached cannot take as keys (over 200 bytes, whitespace, control or non-ASCII
 //! characters) are hashed (SHA-256).
 //!
 //! # A pool of servers
 //!
 //! `memcached://a:11211,b:11211,c:11211`: keys are spread by a ketama-style consistent-hash
-//! ring ([`ring`]), all keys of one identifier on one server. A server that
+//! ring (`src/ring.rs`), all keys of one identifier on one server. A server that
 //! refuses connections, drops them or keeps timing out is marked down for a while (2 s by
 //! default): its keys go to the next server on the ring and start afresh there (clients of
 //! those keys may get up to one more limit's worth), the other servers' keys do not move;
@@ -83,24 +83,24 @@
 
 #![forbid(unsafe_code)]
 
-pub mod cas;
+mod cas;
 mod commands;
 mod connection;
-pub mod decide;
+mod decide;
 mod error;
 mod expiry;
-pub mod key;
-pub mod leaf;
-pub mod lease;
+mod key;
+mod leaf;
+mod lease;
 mod pool;
-pub mod protocol;
-pub mod ring;
+mod protocol;
+mod ring;
 mod stats;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod url;
-pub mod value;
+mod url;
+mod value;
 
 pub use error::MemcachedError;
 pub use stats::{MemcachedStats, ServerStats};
@@ -108,3 +108,4 @@ pub use store::{
     DEFAULT_CONNECTIONS, DEFAULT_DOWN_FOR, DEFAULT_SKEW, DEFAULT_TIMEOUT, MemcachedStore,
     MemcachedStoreBuilder,
 };
+pub use value::MAX_LOG_LIMIT;

@@ -8,7 +8,7 @@
 //! a call that failed on an open connection may have run, so it fails (transiently) and the
 //! limiter's failure policy decides that hit.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
@@ -56,6 +56,8 @@ struct Server {
     next: AtomicUsize,
     /// Pool-clock nanoseconds until which the server is skipped.
     down_until: AtomicU64,
+    /// Marked down since its last good reply: its next good reply is logged as its return.
+    was_down: AtomicBool,
     timeouts: AtomicU32,
 }
 
@@ -89,6 +91,7 @@ impl Pool {
                     .collect(),
                 next: AtomicUsize::new(0),
                 down_until: AtomicU64::new(0),
+                was_down: AtomicBool::new(false),
                 timeouts: AtomicU32::new(0),
             })
             .collect();
@@ -113,13 +116,30 @@ impl Pool {
         self.servers[server].down_until.load(Ordering::Relaxed) > self.clock()
     }
 
-    fn mark_down(&self, server: usize) {
+    /// Skips `server` for the configured while; logs it once per time it goes down (not for
+    /// every call that finds it failing while it is already down).
+    fn mark_down(&self, server: usize, reason: &dyn std::fmt::Display) {
         let until = self.clock() + self.config.down_for.as_nanos() as u64;
-        let before = self.servers[server]
-            .down_until
-            .swap(until, Ordering::Relaxed);
+        let entry = &self.servers[server];
+        let before = entry.down_until.swap(until, Ordering::Relaxed);
         if before <= self.clock() {
             Counters::bump(&self.counters.servers_marked_down);
+            if !entry.was_down.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    server = %entry.address,
+                    %reason,
+                    skipped_for = ?self.config.down_for,
+                    "memcached server marked down; its keys go to the next server"
+                );
+            }
+        }
+    }
+
+    /// Notes a good reply from `server`: logs its return if it was marked down.
+    fn mark_up(&self, server: usize) {
+        let entry = &self.servers[server];
+        if entry.was_down.load(Ordering::Relaxed) && entry.was_down.swap(false, Ordering::Relaxed) {
+            tracing::info!(server = %entry.address, "memcached server answers again");
         }
     }
 
@@ -185,7 +205,7 @@ impl Pool {
                     return self.call_on(server, &connection, requests, deadline).await;
                 }
                 Err(Unreachable::Late) => return Err(MemcachedError::Timeout(deadline.budget)),
-                Err(Unreachable::Refused(_)) => self.mark_down(server),
+                Err(Unreachable::Refused(e)) => self.mark_down(server, &e),
             }
         }
         Err(MemcachedError::NoServer)
@@ -202,7 +222,7 @@ impl Pool {
             Ok(connection) => self.call_on(server, &connection, requests, deadline).await,
             Err(Unreachable::Late) => Err(MemcachedError::Timeout(deadline.budget)),
             Err(Unreachable::Refused(e)) => {
-                self.mark_down(server);
+                self.mark_down(server, &e);
                 Err(e)
             }
         }
@@ -219,18 +239,19 @@ impl Pool {
         let replies = match timeout_at(deadline.at, connection.call_many(requests)).await {
             Err(_) => {
                 if server.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_DOWN {
-                    self.mark_down(index);
+                    self.mark_down(index, &"timed out repeatedly");
                 }
                 return Err(MemcachedError::Timeout(deadline.budget));
             }
             Ok(Err(e @ MemcachedError::Io { .. })) => {
-                self.mark_down(index);
+                self.mark_down(index, &e);
                 return Err(e);
             }
             Ok(Err(e)) => return Err(e),
             Ok(Ok(replies)) => replies,
         };
         server.timeouts.store(0, Ordering::Relaxed);
+        self.mark_up(index);
         for reply in &replies {
             match reply {
                 Reply::ServerError(message) => {

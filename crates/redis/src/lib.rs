@@ -22,13 +22,17 @@
 #![forbid(unsafe_code)]
 
 mod error;
+// Public only for this crate's tests, which run the Lua algorithms against the shared
+// vectors; not part of the API.
+#[doc(hidden)]
 pub mod script;
-pub mod slot;
+mod slot;
 mod split;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod url;
+mod url;
 
 pub use error::RedisError;
 pub use store::{DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder, one_slot};
+pub use url::redact as redact_url;

@@ -1,7 +1,7 @@
 //! `RedisStore`: the `Store` trait on Redis standalone or Cluster.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -50,6 +50,8 @@ struct Inner {
     /// Makes sliding-log members unique across calls and processes.
     token_seed: u64,
     tokens: AtomicU64,
+    /// Whether the last call that ended got an answer: its changes are logged, once each.
+    reachable: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -124,6 +126,7 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 token_seed: token_seed(),
                 tokens: AtomicU64::new(0),
+                reachable: AtomicBool::new(true),
             }),
         })
     }
@@ -204,9 +207,16 @@ impl RedisStore {
                     Err(e)
                         if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !whole =>
                     {
+                        // Rare (a restart, failover or SCRIPT FLUSH) and at most once per
+                        // call in flight then: worth a line each.
+                        tracing::info!(
+                            script = %lua.sha,
+                            "redis lost the decision script; sending it whole"
+                        );
                         whole = true;
                     }
                     Err(e) if not_executed(&e) && attempt < MAX_REDIRECTS => {
+                        tracing::debug!(error = %e, attempt, "redis did not run the script; trying again");
                         attempt += 1;
                         tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
                     }
@@ -214,9 +224,33 @@ impl RedisStore {
                 }
             }
         };
-        match tokio::time::timeout(self.inner.timeout, call).await {
+        let result = match tokio::time::timeout(self.inner.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::Timeout(self.inner.timeout)),
+        };
+        self.note_reachable(&result);
+        result
+    }
+
+    /// Logs when Redis stops answering (down, failing over, unreachable) and when it answers
+    /// again: one line per change, not one per call.
+    fn note_reachable<T>(&self, result: &Result<T, RedisError>) {
+        let reachable = &self.inner.reachable;
+        match result {
+            Ok(_) => {
+                if !reachable.load(Ordering::Relaxed) && !reachable.swap(true, Ordering::Relaxed) {
+                    tracing::info!("redis answers again");
+                }
+            }
+            Err(e) if e.is_transient() => {
+                if reachable.load(Ordering::Relaxed) && reachable.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        "redis does not answer; each policy's failure mode decides meanwhile"
+                    );
+                }
+            }
+            Err(_) => {}
         }
     }
 

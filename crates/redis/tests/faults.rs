@@ -211,7 +211,12 @@ async fn a_slot_migrating_under_load_changes_nothing() {
             .decision
             .allowed()
     );
-    let slot = sluice_redis::slot::slot("{hot}");
+    let slot: u16 = cluster.nodes[0]
+        .cli(&["CLUSTER", "KEYSLOT", "{hot}"])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let owner = cluster
         .nodes
         .iter()

@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 seconds=${1:-5}
-cargo build --release -q -p sluice-cli -p sluice-server --example load
+# Two builds: with --example, cargo would build only the example, not the binary.
+cargo build --release -q -p sluice-cli
+cargo build --release -q -p sluice-server --example load
 dir=$(mktemp -d)
 trap 'kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 mkdir "$dir/envoy"

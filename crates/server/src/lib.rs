@@ -42,6 +42,12 @@
 
 #![forbid(unsafe_code)]
 
+// The workspace README's Rust examples compile as doc tests here, where every crate they use
+// is a dependency.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+mod readme {}
+
 pub mod config;
 pub mod envoy;
 mod grpc;

@@ -92,7 +92,7 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
             let store = builder
                 .connect()
                 .await
-                .map_err(|e| format!("{}: {e}", sluice_redis::url::redact(url)))?;
+                .map_err(|e| format!("{}: {e}", sluice_redis::redact_url(url)))?;
             Ok(DynStore::new(store))
         }
         "memcached" => {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sluice_core::{Decision, Denial};
 
 use crate::challenge::Offer;
-use crate::headers::ceil_secs;
+use sluice_core::whole_seconds;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,8 +123,8 @@ pub fn problem(denied: &Denied<'_>) -> Response<Bytes> {
     if let Some(d) = denied.decision {
         body["limit"] = d.limit.into();
         body["remaining"] = d.remaining.into();
-        body["reset_after"] = ceil_secs(d.reset_after).into();
-        body["retry_after"] = d.retry_after().map(ceil_secs).into();
+        body["reset_after"] = whole_seconds(d.reset_after).into();
+        body["retry_after"] = d.retry_after().map(whole_seconds).into();
     }
     if let Some(offer) = denied.challenge {
         body["challenge"] = Value::Object(offer.fields.clone());
@@ -152,7 +152,7 @@ pub(crate) fn detail(denied: &Denied<'_>) -> String {
     let wait = denied
         .decision
         .and_then(|d| d.retry_after())
-        .map(|r| format!("; retry after {} s", ceil_secs(r)))
+        .map(|r| format!("; retry after {} s", whole_seconds(r)))
         .unwrap_or_default();
     let policy = denied.policy;
     match denied.reason {

@@ -12,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sluice_core::Decision;
+use sluice_core::{Decision, whole_seconds};
 use sluice_limiter::CompiledPolicy;
 
 /// Which header fields the layer writes. By default `Retry-After` and the IETF fields; the
@@ -56,11 +56,6 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// Whole seconds, rounded up.
-pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
 
 /// The fixed part of a policy's fields, computed once when the layer is built.
 #[derive(Debug, Clone)]
@@ -116,7 +111,7 @@ impl PolicyFields {
         denied: bool,
         which: Headers,
     ) {
-        let reset = ceil_secs(decision.reset_after);
+        let reset = whole_seconds(decision.reset_after);
         // One growth of the map instead of several.
         headers.reserve(
             2 * usize::from(which.ietf) + 3 * usize::from(which.x_ratelimit) + usize::from(denied),
@@ -147,7 +142,7 @@ impl PolicyFields {
 /// `Retry-After` in whole seconds (rounded up), when a wait is known.
 pub(crate) fn retry_after(headers: &mut HeaderMap, wait: Option<Duration>) {
     if let Some(wait) = wait {
-        headers.insert(http::header::RETRY_AFTER, integer(ceil_secs(wait)));
+        headers.insert(http::header::RETRY_AFTER, integer(whole_seconds(wait)));
     }
 }
 
@@ -262,9 +257,6 @@ mod tests {
         for n in samples.chain(0..20_000) {
             assert_eq!(integer(n), HeaderValue::from(n));
         }
-        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
-        assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
-        assert_eq!(ceil_secs(Duration::from_millis(3001)), 4);
     }
 
     #[test]

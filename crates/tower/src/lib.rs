@@ -42,22 +42,30 @@
 
 #![forbid(unsafe_code)]
 
+// The README's examples compile as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
+
 mod base64;
 pub mod challenge;
-pub mod denied;
+mod denied;
 mod error;
 mod filter;
-pub mod grpc;
-pub mod headers;
-pub mod key;
+mod grpc;
+mod headers;
+mod key;
 mod outcome;
-pub mod rate_limit;
+mod rate_limit;
 
 pub use challenge::ProofOfWork;
-pub use denied::{Denied, Reason};
+pub use denied::{Denied, Reason, problem};
 pub use error::Error;
-pub use headers::Headers;
-pub use key::{ClientIp, ClientIpResolver, ForwardedHeader, Key, PeerAddr};
+pub use headers::{
+    Headers, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
+};
+pub use key::{ClientIp, ClientIpResolver, ForwardedHeader, Key, PeerAddr, hashed};
 pub use outcome::Outcomes;
 pub use rate_limit::{
     LayerStats, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,

@@ -225,7 +225,7 @@ async fn json_fields_are_read_hashed_and_the_body_passed_on() {
     assert_eq!(status(&app, echo("bob")).await, 200);
     let seen = seen.lock().unwrap();
     let (_, _, selectors) = &seen[0];
-    assert_eq!(selectors[0].1, sluice_tower::key::hashed("alice"));
+    assert_eq!(selectors[0].1, sluice_tower::hashed("alice"));
     assert_eq!(selectors[0].1.len(), 32);
 }
 

@@ -19,8 +19,8 @@ use axum::{Form, Router};
 use bytes::Bytes;
 use serde_json::json;
 use sluice_core::Penalty;
+use sluice_core::whole_seconds;
 use sluice_limiter::{Limiter, MemoryStore, Policy};
-use sluice_tower::headers::ceil_secs;
 use sluice_tower::{Denied, Headers, Key, Outcomes, ProofOfWork, RateLimitLayer};
 
 /// The example's policies.
@@ -131,7 +131,7 @@ fn page(denied: &Denied<'_>) -> Option<Response<Bytes>> {
     let wait = denied
         .decision
         .and_then(|d| d.retry_after())
-        .map(|r| format!("Please try again in {} seconds.", ceil_secs(r)))
+        .map(|r| format!("Please try again in {} seconds.", whole_seconds(r)))
         .unwrap_or_default();
     let html = format!(
         "<!doctype html>\n<title>Slow down</title>\n<h1>Too many attempts</h1>\n<p>{wait}</p>\n"
