@@ -58,6 +58,7 @@ mod key;
 mod outcome;
 mod rate_limit;
 
+#[cfg(feature = "pow")]
 pub use challenge::ProofOfWork;
 pub use denied::{Denied, Reason, problem};
 pub use error::Error;

@@ -6,7 +6,9 @@
 //! *ceiling* policy, so solving never lets a client past that ceiling, and the challenge is
 //! told how often this client has already solved (its *level*) so it can ask for more.
 
+#[cfg(feature = "pow")]
 mod nonces;
+#[cfg(feature = "pow")]
 mod proof_of_work;
 
 use std::future::Future;
@@ -16,6 +18,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
+#[cfg(feature = "pow")]
 pub use proof_of_work::{ProofOfWork, SOLUTION_HEADER, leading_zero_bits, solve};
 
 /// Who a challenge is for: the policy and a digest of the client's selector values, so an
