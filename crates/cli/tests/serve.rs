@@ -5,7 +5,8 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{Server, curl, json};
+use sluice_testkit::http::{curl, json};
+use support::Server;
 
 /// Config reloads the server has attempted (succeeded or failed), from `/metrics`.
 fn reloads(server: &Server) -> u64 {

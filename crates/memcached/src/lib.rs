@@ -97,8 +97,6 @@ mod protocol;
 mod ring;
 mod stats;
 mod store;
-#[cfg(feature = "testing")]
-pub mod testing;
 mod url;
 mod value;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sluice_limiter::conformance::{StoreFactory, block_on, run_all};
 use sluice_memcached::MemcachedStore;
-use sluice_memcached::testing::MemcachedServer;
+use sluice_testkit::MemcachedServer;
 
 /// Long enough that a slow answer on a loaded machine (64 tasks on one `and` rule wait
 /// their turn for its lease) is not mistaken for a decision taken without memcached.

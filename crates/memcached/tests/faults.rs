@@ -2,15 +2,16 @@
 //! contention beyond the retries, and identifiers memcached cannot take as keys.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{
-    Checked, Denial, FailureMode, Hit, Identifier, Limiter, Policy, Store, StoreError,
-};
+use sluice_limiter::{Hit, Identifier, Limiter, Store, StoreError};
 use sluice_memcached::MemcachedStore;
-use sluice_memcached::testing::MemcachedServer;
+use sluice_testkit::MemcachedServer;
+use sluice_testkit::load::{
+    assert_failure_modes, checks, failure_policies, until_the_store_answers,
+};
 use tokio::task::JoinSet;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -30,52 +31,10 @@ async fn store(url: &str) -> MemcachedStore {
     store_with(url, Duration::from_secs(5), Duration::from_secs(30)).await
 }
 
-/// Runs `per_task` checks of `policy` for `user` on each of `tasks` tasks, and returns every
-/// answer with how long it took.
-async fn load(
-    limiter: &Arc<Limiter>,
-    policy: &'static str,
-    user: &'static str,
-    tasks: usize,
-    per_task: usize,
-) -> Vec<(Checked, Duration)> {
-    let mut set = JoinSet::new();
-    for _ in 0..tasks {
-        let limiter = limiter.clone();
-        set.spawn(async move {
-            let mut answers = Vec::new();
-            for _ in 0..per_task {
-                let started = Instant::now();
-                let checked = limiter
-                    .check(policy, &[("user", user)], 1)
-                    .await
-                    .expect("a decision");
-                answers.push((checked, started.elapsed()));
-            }
-            answers
-        });
-    }
-    let mut all = Vec::new();
-    while let Some(answers) = set.join_next().await {
-        all.extend(answers.expect("no panic"));
-    }
-    all
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_memcached_follows_the_failure_mode_then_recovers() {
     let mut memcached = MemcachedServer::start().expect("memcached");
-    let policies = vec![
-        Policy::new("open", "user:1000/h algorithm=sliding-window")
-            .unwrap()
-            .failure(FailureMode::Open),
-        Policy::new("closed", "user:1000/h")
-            .unwrap()
-            .failure(FailureMode::Closed),
-        Policy::new("local", "user:1000/h")
-            .unwrap()
-            .failure(FailureMode::local(0.01).unwrap()),
-    ];
+    let policies = failure_policies("algorithm=sliding-window");
     let limiter = Arc::new(
         Limiter::builder(store_with(&memcached.url(), TIMEOUT, Duration::from_millis(300)).await)
             .policies(policies)
@@ -83,40 +42,15 @@ async fn killed_memcached_follows_the_failure_mode_then_recovers() {
             .unwrap(),
     );
     assert!(
-        load(&limiter, "open", "a", 8, 10)
+        checks(&limiter, "open", "a", 8, 10)
             .await
             .iter()
             .all(|(c, _)| c.without_store.is_none())
     );
 
     memcached.kill();
-    for (policy, check) in [
-        (
-            "open",
-            (|c: &Checked| c.decision.allowed()) as fn(&Checked) -> bool,
-        ),
-        ("closed", |c: &Checked| {
-            c.decision.denial == Some(Denial::StoreUnavailable)
-        }),
-        ("local", |c: &Checked| c.without_store.is_some()),
-    ] {
-        for (checked, took) in &load(&limiter, policy, "a", 8, 10).await {
-            assert!(checked.without_store.is_some(), "{policy}: {checked:?}");
-            assert!(check(checked), "{policy}: {checked:?}");
-            // No hang: at most the store timeout (plus scheduling) per decision.
-            assert!(
-                *took < TIMEOUT + Duration::from_millis(800),
-                "{policy} took {took:?}"
-            );
-        }
-    }
-    // Local with 1% of 1000/h: 10 admitted for user `b` while memcached is away.
-    let local_admitted = load(&limiter, "local", "b", 4, 10)
-        .await
-        .iter()
-        .filter(|(c, _)| c.decision.allowed())
-        .count();
-    assert_eq!(local_admitted, 10);
+    // No hang: at most the store timeout (plus scheduling) per decision.
+    assert_failure_modes(&limiter, TIMEOUT + Duration::from_millis(800)).await;
     assert!(
         limiter
             .store()
@@ -128,19 +62,7 @@ async fn killed_memcached_follows_the_failure_mode_then_recovers() {
     );
 
     memcached.restart().expect("restart memcached");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let checked = limiter.check("closed", &[("user", "c")], 1).await.unwrap();
-        if checked.without_store.is_none() {
-            assert!(checked.decision.allowed());
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "decisions did not return to memcached"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await; // waiting on a real restart
-    }
+    until_the_store_answers(&limiter, Duration::from_secs(10)).await;
 }
 
 fn quota(algorithm: Algorithm) -> Quota {

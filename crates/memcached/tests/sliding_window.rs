@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice_limiter::{Limiter, ManualClock, Policy};
 use sluice_memcached::MemcachedStore;
-use sluice_memcached::testing::MemcachedServer;
+use sluice_testkit::MemcachedServer;
 use tokio::task::JoinSet;
 
 /// Admitted hits of `tasks` tasks making `per_task` checks each, over `limiters` in turn.

@@ -8,76 +8,18 @@
 
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sluice_core::{Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, Identifier, Store};
+use sluice_core::{Leaf, Quota, Rate, Span, Unit};
+use sluice_limiter::Identifier;
 use sluice_redis::RedisStore;
-use sluice_redis::testing::RedisServer;
+use sluice_testkit::RedisServer;
+use sluice_testkit::bench::{decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(3);
 const ROUNDS: usize = 3;
 const KEYS_MANY: usize = 1_000_000;
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
-}
-
-/// One round of the store: decisions per second with `CALLERS` tasks over `keys` keys.
-async fn store_round(store: &RedisStore, quota: Quota, keys: Arc<Vec<[Identifier; 1]>>) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let admitted = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for caller in 0..CALLERS {
-        let (store, keys, stop, done, admitted) = (
-            store.clone(),
-            keys.clone(),
-            stop.clone(),
-            done.clone(),
-            admitted.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let shape = Shape::Leaf(0);
-            let quotas = [quota];
-            // Each caller walks the keys from its own offset, with a stride that visits all.
-            let mut i = caller * (keys.len() / CALLERS).max(1);
-            while !stop.load(Ordering::Relaxed) {
-                let hit = Hit {
-                    identifiers: &keys[i % keys.len()],
-                    evaluation: Evaluation {
-                        shape: &shape,
-                        quotas: &quotas,
-                        cost: 1,
-                        recording: Recording::Admitted,
-                        penalty: None,
-                    },
-                    penalty_identifier: None,
-                };
-                let decision = store.decide(&hit).await.expect("a decision");
-                admitted.fetch_add(u64::from(decision.allowed()), Ordering::Relaxed);
-                done.fetch_add(1, Ordering::Relaxed);
-                i = i.wrapping_add(7919);
-            }
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(ROUND).await;
-    stop.store(true, Ordering::Relaxed);
-    let total = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert!(
-        admitted.load(Ordering::Relaxed) * 10 >= total * 9,
-        "the quota admits nearly all"
-    );
-    total as f64 / elapsed
-}
 
 /// One round of redis-benchmark: EVALSHA of the minimal script, 50 clients.
 fn ceiling_round(port: u16, sha: &str, keys: usize, requests: usize) -> f64 {
@@ -142,7 +84,13 @@ fn main() {
         );
         let (mut ours, mut ceiling) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            let rate = runtime.block_on(store_round(&store, quota, keys.clone()));
+            let rate = runtime.block_on(decisions_per_second(
+                &store,
+                quota,
+                keys.clone(),
+                CALLERS,
+                ROUND,
+            ));
             ours.push(rate);
             let requests = (rate * ROUND.as_secs_f64()) as usize;
             ceiling.push(ceiling_round(

@@ -29,8 +29,6 @@ pub mod script;
 mod slot;
 mod split;
 mod store;
-#[cfg(feature = "testing")]
-pub mod testing;
 mod url;
 
 pub use error::RedisError;

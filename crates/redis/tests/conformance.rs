@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sluice_limiter::conformance::{StoreFactory, block_on, run_all};
 use sluice_redis::RedisStore;
-use sluice_redis::testing::{RedisCluster, RedisServer};
+use sluice_testkit::{RedisCluster, RedisServer};
 
 /// Two clients of one Redis, handed out in turn: the "app servers" of a case.
 struct Clients {

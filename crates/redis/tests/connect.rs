@@ -6,7 +6,7 @@ use std::process::Command;
 
 use sluice_limiter::{Limiter, Policy};
 use sluice_redis::RedisStore;
-use sluice_redis::testing::{RedisServer, free_port};
+use sluice_testkit::{RedisServer, free_port};
 
 async fn admits(store: RedisStore) -> bool {
     let limiter = Limiter::builder(store)

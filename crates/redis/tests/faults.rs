@@ -2,12 +2,14 @@
 //! migrating between cluster nodes mid-load.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sluice_limiter::{Checked, Denial, FailureMode, Limiter, Policy};
+use sluice_limiter::{Limiter, Policy};
 use sluice_redis::RedisStore;
-use sluice_redis::testing::{RedisCluster, RedisServer};
-use tokio::task::JoinSet;
+use sluice_testkit::load::{
+    assert_failure_modes, checks, failure_policies, until_the_store_answers,
+};
+use sluice_testkit::{RedisCluster, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -20,89 +22,21 @@ async fn limiter(url: &str, policies: Vec<Policy>) -> Arc<Limiter> {
     Arc::new(Limiter::builder(store).policies(policies).build().unwrap())
 }
 
-/// Runs `per_task` checks of `policy` for `user` on each of `tasks` tasks, and returns every
-/// answer with how long it took.
-async fn load(
-    limiter: &Arc<Limiter>,
-    policy: &'static str,
-    user: &'static str,
-    tasks: usize,
-    per_task: usize,
-) -> Vec<(Checked, Duration)> {
-    let mut set = JoinSet::new();
-    for _ in 0..tasks {
-        let limiter = limiter.clone();
-        set.spawn(async move {
-            let mut answers = Vec::new();
-            for _ in 0..per_task {
-                let started = Instant::now();
-                let checked = limiter
-                    .check(policy, &[("user", user)], 1)
-                    .await
-                    .expect("a decision");
-                answers.push((checked, started.elapsed()));
-            }
-            answers
-        });
-    }
-    let mut all = Vec::new();
-    while let Some(answers) = set.join_next().await {
-        all.extend(answers.expect("no panic"));
-    }
-    all
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_redis_follows_the_failure_mode_then_recovers() {
     let mut redis = RedisServer::start().expect("redis-server");
-    let policies = vec![
-        Policy::new("open", "user:1000/h")
-            .unwrap()
-            .failure(FailureMode::Open),
-        Policy::new("closed", "user:1000/h")
-            .unwrap()
-            .failure(FailureMode::Closed),
-        Policy::new("local", "user:1000/h")
-            .unwrap()
-            .failure(FailureMode::local(0.01).unwrap()),
-    ];
+    let policies = failure_policies("");
     let limiter = limiter(&redis.url(), policies).await;
     assert!(
-        load(&limiter, "open", "a", 8, 10)
+        checks(&limiter, "open", "a", 8, 10)
             .await
             .iter()
             .all(|(c, _)| c.without_store.is_none())
     );
 
     redis.kill();
-    for (policy, check) in [
-        (
-            "open",
-            (|c: &Checked| c.decision.allowed()) as fn(&Checked) -> bool,
-        ),
-        ("closed", |c: &Checked| {
-            c.decision.denial == Some(Denial::StoreUnavailable)
-        }),
-        ("local", |c: &Checked| c.without_store.is_some()),
-    ] {
-        let answers = load(&limiter, policy, "a", 8, 10).await;
-        for (checked, took) in &answers {
-            assert!(checked.without_store.is_some(), "{policy}: {checked:?}");
-            assert!(check(checked), "{policy}: {checked:?}");
-            // No hang: at most the store timeout (plus scheduling) per decision.
-            assert!(
-                *took < TIMEOUT + Duration::from_millis(800),
-                "{policy} took {took:?}"
-            );
-        }
-    }
-    // Local with 1% of 1000/h: 10 admitted for user `a` while Redis is away.
-    let local_admitted = load(&limiter, "local", "b", 4, 10)
-        .await
-        .iter()
-        .filter(|(c, _)| c.decision.allowed())
-        .count();
-    assert_eq!(local_admitted, 10);
+    // No hang: at most the store timeout (plus scheduling) per decision.
+    assert_failure_modes(&limiter, TIMEOUT + Duration::from_millis(800)).await;
     let stats = limiter.stats();
     assert!(
         stats.failed_open >= 80 && stats.failed_closed >= 80 && stats.failed_local >= 120,
@@ -110,19 +44,7 @@ async fn killed_redis_follows_the_failure_mode_then_recovers() {
     );
 
     redis.restart().expect("restart redis");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let checked = limiter.check("closed", &[("user", "c")], 1).await.unwrap();
-        if checked.without_store.is_none() {
-            assert!(checked.decision.allowed());
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "decisions did not return to redis"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await; // waiting on a real restart
-    }
+    until_the_store_answers(&limiter, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -142,7 +64,7 @@ async fn script_flush_mid_load_loses_no_decision() {
             }
         })
     };
-    let answers = load(&limiter, "log", "flushed", 16, 50).await;
+    let answers = checks(&limiter, "log", "flushed", 16, 50).await;
     flusher.await.unwrap();
     assert!(
         answers.iter().all(|(c, _)| c.without_store.is_none()),
@@ -231,7 +153,7 @@ async fn a_slot_migrating_under_load_changes_nothing() {
 
     let loader = {
         let limiter = limiter.clone();
-        tokio::spawn(async move { load(&limiter, "log", "hot", 8, 60).await })
+        tokio::spawn(async move { checks(&limiter, "log", "hot", 8, 60).await })
     };
     tokio::task::block_in_place(|| migrate_slot(&cluster, slot, owner, to));
     let answers = loader.await.expect("no panic");

@@ -2,7 +2,7 @@
 
 use sluice_limiter::{Denial, Limiter, Policy};
 use sluice_redis::RedisStore;
-use sluice_redis::testing::{RedisCluster, RedisServer};
+use sluice_testkit::{RedisCluster, RedisServer};
 
 async fn exercise(url: &str, namespace: &str) {
     let store = RedisStore::connect(url).await.expect("connect");

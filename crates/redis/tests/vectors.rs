@@ -3,22 +3,22 @@
 //! keys in the layout algorithms.lua documents, the script decides at the vector's `now`, and
 //! the reply and the keys it leaves behind must say what the core says.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+#[path = "vectors/layout.rs"]
+mod layout;
 
+use std::collections::BTreeMap;
+
+use layout::{expected_reply, int, ints, read_penalty, read_state, write_state};
 use redis::Value;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 use sluice_core::algorithm::sliding_log::Log;
-use sluice_core::algorithm::sliding_window::Counters;
-use sluice_core::{
-    Algorithm, Evaluation, Leaf, Penalty, PenaltyState, Quota, Rate, Recording, Shape, Span, State,
-    Unit,
-};
+use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{ALGORITHMS_LUA, TICK_NS, arguments};
-use sluice_redis::testing::RedisServer;
-
-const VECTORS: &str = include_str!("../../core/tests/vectors.json");
+use sluice_testkit::RedisServer;
+use sluice_testkit::vectors::{
+    self, LeafSpec, case_from, penalty_record_from, state_from, state_json, without_expected,
+};
 
 /// The test entry point: the production one (decide.lua) reads Redis's clock and never takes
 /// the time from its caller; this one takes `now` as the last argument.
@@ -30,13 +30,8 @@ const UNTOUCHED_EXPIRY_MS: i64 = 4_102_444_800_000;
 
 #[test]
 fn lua_reproduces_every_vector() {
-    let file: Json = serde_json::from_str(VECTORS).expect("vectors.json is JSON");
-    assert_eq!(
-        file["tick_ns"],
-        json!(TICK_NS),
-        "vectors count in Redis ticks"
-    );
-    let vectors = file["vectors"].as_array().unwrap();
+    assert_eq!(TICK_NS, vectors::TICK_NS, "vectors count in Redis ticks");
+    let vectors = vectors::parse(vectors::FILE_TEXT);
     assert!(vectors.len() >= 300, "only {} vectors", vectors.len());
 
     let server = RedisServer::start().expect("redis-server");
@@ -66,17 +61,19 @@ fn lua_reproduces_every_vector() {
 
 /// Runs one vector; returns what differs from the core's outcome.
 fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json) -> Vec<String> {
-    let case = Case::from_json(vector);
+    let case = case_from(vector);
+    // Nanosecond quotas and penalty, as the limiter hands them to the store.
+    let quotas: Vec<Quota> = case.leaves.iter().map(LeafSpec::quota_ns).collect();
+    let penalty = case.penalty.map(|p| p.penalty_ns());
     let keys: Vec<String> = (0..case.leaves.len())
         .map(|leaf| format!("v{index}:leaf{leaf}"))
         .collect();
     let penalty_key = format!("v{index}:penalty");
-    let micro: Vec<Quota> = case
-        .quotas
+    let micro: Vec<Quota> = quotas
         .iter()
         .map(|q| q.with_tick(TICK_NS).unwrap())
         .collect();
-    let penalty_micro = case.penalty.map(|p| p.with_tick(TICK_NS));
+    let penalty_micro = penalty.map(|p| p.with_tick(TICK_NS));
 
     // The initial states, in Redis's layout.
     let mut setup = redis::pipe();
@@ -108,12 +105,12 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
         identifiers: &ids,
         evaluation: Evaluation {
             shape: &case.shape,
-            quotas: &case.quotas,
+            quotas: &quotas,
             cost: case.cost,
             recording: case.recording,
-            penalty: case.penalty.as_ref(),
+            penalty: penalty.as_ref(),
         },
-        penalty_identifier: case.penalty.is_some().then_some(&penalty_id),
+        penalty_identifier: penalty.is_some().then_some(&penalty_id),
     };
     let mut args = arguments(&hit, index as u64).expect("arguments");
     args.push(case.now.to_string());
@@ -126,10 +123,10 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
     let all_keys: Vec<&str> = keys
         .iter()
         .map(String::as_str)
-        .chain(case.penalty.is_some().then_some(penalty_key.as_str()))
+        .chain(penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
     run.arg(all_keys.len()).arg(&all_keys).arg(&args);
-    for (key, quota) in keys.iter().zip(&case.quotas) {
+    for (key, quota) in keys.iter().zip(&quotas) {
         if quota.algorithm() == Algorithm::SlidingLog {
             run.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
         } else {
@@ -282,392 +279,4 @@ fn canonical(quota: &Quota, state: &State, now: u64) -> Json {
         }
         other => state_json(other),
     }
-}
-
-// Redis's layout (see the header of algorithms.lua) --------------------------------------------
-
-fn write_state(pipe: &mut redis::Pipeline, key: &str, state: &State) {
-    match state {
-        State::Gcra { tat } => {
-            pipe.cmd("SET").arg(key).arg(tat.to_string());
-        }
-        State::FixedWindow { window, count } => {
-            pipe.cmd("SET").arg(key).arg(format!("{window}:{count}"));
-        }
-        State::SlidingWindow(counters) => {
-            let (newest, by_slot) = ring(counters);
-            let mut items = vec![newest];
-            items.extend(by_slot);
-            pipe.cmd("SET").arg(key).arg(msgpack::pack(&items));
-        }
-        State::SlidingLog(log) => {
-            let mut members = Vec::new();
-            for (t, cost) in log.hits() {
-                for n in 1..=cost {
-                    members.push((t, format!("{t}:init:{key}:{n}")));
-                }
-            }
-            if members.is_empty() {
-                return;
-            }
-            pipe.cmd("ZADD").arg(key).arg(members);
-        }
-        other => panic!("no Redis layout for {other:?}"),
-    }
-    pipe.cmd("PEXPIREAT").arg(key).arg(UNTOUCHED_EXPIRY_MS);
-}
-
-/// The newest sub-window number and the counts by sub-window number mod G.
-fn ring(counters: &Counters) -> (u64, Vec<u64>) {
-    let g = u64::from(counters.len());
-    let newest = counters.newest();
-    let mut slots = vec![0; g as usize];
-    for back in 0..g.min(newest + 1) {
-        let number = newest - back;
-        slots[(number % g) as usize] = counters.count(number);
-    }
-    (newest, slots)
-}
-
-/// A leaf's key as the core's state; `None` when there is no key.
-fn read_state(quota: &Quota, raw: &Value) -> Result<Option<State>, String> {
-    if matches!(raw, Value::Nil) {
-        return Ok(None);
-    }
-    let text = || match raw {
-        Value::BulkString(bytes) => Ok(bytes.clone()),
-        other => Err(format!("unexpected reply {other:?}")),
-    };
-    let number = |s: &str| {
-        s.parse::<u64>()
-            .map_err(|_| format!("`{s}` is not an integer"))
-    };
-    let state = match quota.algorithm() {
-        Algorithm::Gcra => State::Gcra {
-            tat: number(&String::from_utf8_lossy(&text()?))?,
-        },
-        Algorithm::FixedWindow => {
-            let text = String::from_utf8_lossy(&text()?).into_owned();
-            let (window, count) = text
-                .split_once(':')
-                .ok_or(format!("`{text}` is not <window>:<count>"))?;
-            State::FixedWindow {
-                window: number(window)?,
-                count: number(count)?,
-            }
-        }
-        Algorithm::SlidingWindow => {
-            let items = msgpack::unpack(&text()?)?;
-            let g = u64::from(quota.windows());
-            if items.len() as u64 != g + 1 {
-                return Err(format!("{} items, expected {}", items.len(), g + 1));
-            }
-            let newest = items[0];
-            let oldest_first: Vec<u64> = (0..g)
-                .map(|offset| {
-                    let number = newest + 1 + offset; // + G: sub-window newest - G + 1 + offset
-                    if number < g {
-                        0
-                    } else {
-                        items[1 + (number % g) as usize]
-                    }
-                })
-                .collect();
-            State::SlidingWindow(Counters::from_parts(newest, &oldest_first))
-        }
-        Algorithm::SlidingLog => {
-            let Value::Array(flat) = raw else {
-                return Err(format!("unexpected reply {raw:?}"));
-            };
-            if flat.is_empty() {
-                return Ok(None);
-            }
-            let mut merged: BTreeMap<u64, u64> = BTreeMap::new();
-            for pair in flat.chunks(2) {
-                let score = match &pair[1] {
-                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                    Value::Double(d) => d.to_string(),
-                    other => return Err(format!("unexpected score {other:?}")),
-                };
-                let t: f64 = score.parse().map_err(|_| format!("bad score {score}"))?;
-                if t.fract() != 0.0 || t < 0.0 {
-                    return Err(format!("score {score} is not a whole tick"));
-                }
-                *merged.entry(t as u64).or_default() += 1;
-            }
-            State::SlidingLog(Log::from_hits(merged))
-        }
-        other => return Err(format!("no Redis layout for {other}")),
-    };
-    Ok(Some(state))
-}
-
-fn read_penalty(raw: &Value) -> Result<Option<PenaltyState>, String> {
-    let text = match raw {
-        Value::Nil => return Ok(None),
-        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        other => return Err(format!("unexpected reply {other:?}")),
-    };
-    let parts: Vec<&str> = text.split(':').collect();
-    let bad = || format!("`{text}` is not <strikes>:<until>:<last_strike>");
-    let [strikes, until, last] = parts[..] else {
-        return Err(bad());
-    };
-    Ok(Some(PenaltyState {
-        strikes: strikes.parse().map_err(|_| bad())?,
-        until: until.parse().map_err(|_| bad())?,
-        last_strike: last.parse().map_err(|_| bad())?,
-    }))
-}
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(n) => *n,
-        other => panic!("expected an integer reply, got {other:?}"),
-    }
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(items) => items.iter().map(int).collect(),
-        other => panic!("expected an array reply, got {other:?}"),
-    }
-}
-
-/// The seven integers algorithms.lua replies with.
-fn expected_reply(d: &Json) -> Vec<i64> {
-    let i = |v: &Json| v.as_i64().unwrap();
-    vec![
-        i64::from(d["allowed"].as_bool().unwrap()),
-        i(&d["limit"]),
-        i(&d["remaining"]),
-        i(&d["reset_after_ticks"]),
-        i(&d["retry_after_ticks"]),
-        i(&d["denial"]),
-        i(&d["leaf"]),
-    ]
-}
-
-/// The few MessagePack encodings a sliding-window key uses: arrays of non-negative integers.
-mod msgpack {
-    pub fn pack(items: &[u64]) -> Vec<u8> {
-        let mut out = Vec::new();
-        match items.len() {
-            n @ 0..=15 => out.push(0x90 | n as u8),
-            n @ 16..=0xffff => {
-                out.push(0xdc);
-                out.extend((n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0xdd);
-                out.extend((n as u32).to_be_bytes());
-            }
-        }
-        for &n in items {
-            match n {
-                0..=0x7f => out.push(n as u8),
-                0x80..=0xff => out.extend([0xcc, n as u8]),
-                0x100..=0xffff => {
-                    out.push(0xcd);
-                    out.extend((n as u16).to_be_bytes());
-                }
-                0x1_0000..=0xffff_ffff => {
-                    out.push(0xce);
-                    out.extend((n as u32).to_be_bytes());
-                }
-                _ => {
-                    out.push(0xcf);
-                    out.extend(n.to_be_bytes());
-                }
-            }
-        }
-        out
-    }
-
-    /// Reads an array of non-negative integers (doubles must hold whole numbers).
-    pub fn unpack(bytes: &[u8]) -> Result<Vec<u64>, String> {
-        let mut at = 0;
-        let mut take = |n: usize| -> Result<u64, String> {
-            let chunk = bytes.get(at..at + n).ok_or("truncated msgpack")?;
-            at += n;
-            Ok(chunk.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b)))
-        };
-        let len = match take(1)? as u8 {
-            b @ 0x90..=0x9f => u64::from(b & 0x0f),
-            0xdc => take(2)?,
-            0xdd => take(4)?,
-            b => return Err(format!("expected an array, found byte {b:#x}")),
-        };
-        (0..len)
-            .map(|_| match take(1)? as u8 {
-                b @ 0..=0x7f => Ok(u64::from(b)),
-                0xcc => take(1),
-                0xcd => take(2),
-                0xce => take(4),
-                0xcf => take(8),
-                0xcb => {
-                    let d = f64::from_bits(take(8)?);
-                    if d.fract() == 0.0 && d >= 0.0 {
-                        Ok(d as u64)
-                    } else {
-                        Err(format!("count {d} is not a whole non-negative number"))
-                    }
-                }
-                b => Err(format!("unexpected msgpack byte {b:#x} in a counter")),
-            })
-            .collect()
-    }
-}
-
-// The vectors, read (as in crates/core/tests/vectors.rs) ----------------------------------------
-
-struct Case {
-    shape: Shape,
-    /// Nanosecond quotas, as the limiter hands them to the store.
-    quotas: Vec<Quota>,
-    leaves: Vec<Algorithm>,
-    /// States in microsecond ticks.
-    states: Vec<State>,
-    now: u64,
-    cost: u64,
-    recording: Recording,
-    penalty: Option<Penalty>,
-    penalty_record: Option<PenaltyState>,
-}
-
-impl Case {
-    fn from_json(v: &Json) -> Case {
-        let leaves: Vec<&Json> = v["leaves"].as_array().unwrap().iter().collect();
-        let algorithms: Vec<Algorithm> = leaves
-            .iter()
-            .map(|l| Algorithm::from_name(l["algorithm"].as_str().unwrap()).unwrap())
-            .collect();
-        let quotas = leaves
-            .iter()
-            .zip(&algorithms)
-            .map(|(l, &algorithm)| {
-                let span = Span::new(u(&l["span_seconds"]), Unit::Second).unwrap();
-                let mut leaf = Leaf::new(Rate::new(u(&l["count"]), span).unwrap());
-                leaf.options.algorithm = Some(algorithm);
-                leaf.options.burst = l.get("burst").map(u);
-                leaf.options.windows = l.get("windows").map(|w| u(w) as u32);
-                Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap()
-            })
-            .collect();
-        let states = v["states"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(&algorithms)
-            .map(|(s, &algorithm)| state_from(algorithm, s))
-            .collect();
-        let penalty = (!v["penalty"].is_null()).then(|| {
-            let p = &v["penalty"];
-            Penalty::new(
-                Duration::from_secs(u(&p["base_seconds"])),
-                u(&p["factor"]) as u32,
-                Duration::from_secs(u(&p["max_seconds"])),
-                Duration::from_secs(u(&p["forget_seconds"])),
-            )
-            .unwrap()
-        });
-        Case {
-            shape: shape_from(&v["shape"]),
-            quotas,
-            leaves: algorithms,
-            states,
-            now: u(&v["now"]),
-            cost: u(&v["cost"]),
-            recording: match v["recording"].as_str().unwrap() {
-                "admitted" => Recording::Admitted,
-                "always" => Recording::Always,
-                "never" => Recording::Never,
-                other => panic!("unknown recording {other}"),
-            },
-            penalty,
-            penalty_record: (!v["penalty_record"].is_null())
-                .then(|| penalty_record_from(&v["penalty_record"])),
-        }
-    }
-}
-
-fn u(v: &Json) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("expected an unsigned integer, got {v}"))
-}
-
-fn shape_from(v: &Json) -> Shape {
-    if let Some(i) = v.as_u64() {
-        return Shape::Leaf(i as usize);
-    }
-    let children = |c: &Json| c.as_array().unwrap().iter().map(shape_from).collect();
-    match (v.get("or"), v.get("and")) {
-        (Some(c), None) => Shape::Or(children(c)),
-        (None, Some(c)) => Shape::And(children(c)),
-        _ => panic!("bad shape {v}"),
-    }
-}
-
-fn state_from(algorithm: Algorithm, v: &Json) -> State {
-    match algorithm {
-        Algorithm::Gcra => State::Gcra { tat: u(&v["tat"]) },
-        Algorithm::FixedWindow => State::FixedWindow {
-            window: u(&v["window"]),
-            count: u(&v["count"]),
-        },
-        Algorithm::SlidingWindow => {
-            let counts: Vec<u64> = v["counts_oldest_first"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(u)
-                .collect();
-            State::SlidingWindow(Counters::from_parts(u(&v["newest"]), &counts))
-        }
-        Algorithm::SlidingLog => State::SlidingLog(Log::from_hits(
-            v["hits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|hit| (u(&hit[0]), u(&hit[1]))),
-        )),
-        other => panic!("no vector form for {other}"),
-    }
-}
-
-fn state_json(state: &State) -> Json {
-    match state {
-        State::Gcra { tat } => json!({"tat": tat}),
-        State::FixedWindow { window, count } => json!({"window": window, "count": count}),
-        State::SlidingWindow(counters) => {
-            let g = u64::from(counters.len());
-            let newest = counters.newest();
-            let counts: Vec<u64> = (0..g)
-                .map(|offset| {
-                    (newest + 1 + offset)
-                        .checked_sub(g)
-                        .map_or(0, |n| counters.count(n))
-                })
-                .collect();
-            json!({"newest": newest, "counts_oldest_first": counts})
-        }
-        State::SlidingLog(log) => {
-            json!({"hits": log.hits().map(|(t, c)| json!([t, c])).collect::<Vec<_>>()})
-        }
-        other => panic!("no vector form for {other:?}"),
-    }
-}
-
-fn penalty_record_from(v: &Json) -> PenaltyState {
-    PenaltyState {
-        strikes: u(&v["strikes"]) as u32,
-        until: u(&v["until"]),
-        last_strike: u(&v["last_strike"]),
-    }
-}
-
-fn without_expected(vector: &Json) -> Json {
-    let mut v = vector.clone();
-    v.as_object_mut().unwrap().remove("expected");
-    v
 }

@@ -3,7 +3,8 @@
 mod support;
 
 use serde_json::Value;
-use support::{Server, curl, flood, json};
+use sluice_testkit::http::{curl, flood, json};
+use support::Server;
 
 const CONFIG: &str = r#"
 [policies.log]

@@ -7,7 +7,8 @@ mod support;
 use std::process::Command;
 
 use serde_json::json;
-use support::{ENVOY, Server, curl, envoy, json, one, summary};
+use sluice_testkit::http::{curl, json};
+use support::{ENVOY, Server, envoy, one, summary};
 
 #[test]
 fn grpc_answers_like_envoyproxy_ratelimit() {

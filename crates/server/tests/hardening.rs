@@ -11,7 +11,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use support::{Server, curl};
+use sluice_testkit::http::curl;
+use support::Server;
 
 fn connect(address: &str) -> TcpStream {
     let address = address.trim_start_matches("http://");

@@ -7,7 +7,8 @@ mod support;
 use std::process::{Command, Stdio};
 
 use serde_json::json;
-use support::{ENVOY, Server, curl, envoy, json, one, summary};
+use sluice_testkit::http::{curl, json};
+use support::{ENVOY, Server, envoy, one, summary};
 
 #[test]
 fn reload_keeps_counters_and_rejects_bad_configs() {

@@ -4,9 +4,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
-
-use serde_json::Value;
 
 /// A running `sluice serve`, stopped (SIGTERM, then reaped) on drop.
 pub struct Server {
@@ -152,65 +149,39 @@ fn rand_suffix() -> u128 {
         .as_nanos()
 }
 
-/// One curl call: (status, body).
-pub fn curl(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
-    let mut command = Command::new("curl");
-    command.args(["-s", "-X", method, "-w", "\n%{http_code}", url]);
-    if let Some(body) = body {
-        command.args([
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            body,
-        ]);
-    }
-    let output = command.output().expect("run curl");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.parse().unwrap(), body.to_owned())
-}
-
-pub fn json(body: &str) -> Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-/// `clients` concurrent curl processes, spread round-robin over `servers`, each sending
-/// `per_client` checks of `policy` for user `u1` over one connection; returns the number
-/// admitted and the seconds the flood took.
+/// [`sluice_testkit::http::flood`] over these servers.
 pub fn flood(servers: &[&Server], clients: usize, policy: &str, per_client: usize) -> (usize, f64) {
-    let body = format!(r#"{{"policy":"{policy}","selectors":{{"user":"u1"}}}}"#);
-    let started = Instant::now();
-    let children: Vec<Child> = (0..clients)
-        .map(|i| {
-            let server = servers[i % servers.len()];
-            let url = format!("{}/v1/check", server.base);
-            let mut command = Command::new("curl");
-            command.args(["-s", "-H", "content-type: application/json"]);
-            for _ in 0..per_client {
-                command.args(["--data-binary", &body, &url, "-w", "\n"]);
-                command.arg("--next");
-            }
-            command.args(["-s", "-o", "/dev/null", &format!("{}/health", server.base)]);
-            command.stdout(Stdio::piped()).spawn().expect("run curl")
-        })
-        .collect();
-    let mut admitted = 0;
-    let mut answered = 0;
-    for child in children {
-        let output = child.wait_with_output().unwrap();
-        for line in String::from_utf8(output.stdout)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.is_empty())
-        {
-            answered += 1;
-            let decision = json(line);
-            assert!(decision.get("error").is_none(), "{line}");
-            if decision["allowed"] == Value::Bool(true) {
-                admitted += 1;
-            }
-        }
-    }
-    assert_eq!(answered, clients * per_client, "every request answered");
-    (admitted, started.elapsed().as_secs_f64())
+    let bases: Vec<&str> = servers.iter().map(|s| s.base.as_str()).collect();
+    sluice_testkit::http::flood(&bases, clients, policy, per_client)
+}
+
+/// One policy of each algorithm, each `user:100` per window, for the tests of a shared
+/// store; each test adds its compound rules.
+pub const EACH_ALGORITHM: &str = r#"
+[policies.gcra]
+rule = "user:100/m"
+
+[policies.window]
+rule = "user:100/m"
+algorithm = "sliding-window"
+
+[policies.log]
+rule = "user:100/m"
+algorithm = "sliding-log"
+
+[policies.fixed]
+rule = "user:100/10y"
+algorithm = "fixed-window"
+"#;
+
+/// The `gcra` policy of [`EACH_ALGORITHM`] (100/m, refilling one hit per 0.6 s of the
+/// store's time) flooded through `servers`: exactly 100 from the full bucket, plus at most
+/// what refilled while the flood ran.
+pub fn assert_one_gcra_bucket(servers: &[&Server]) {
+    let (admitted, seconds) = flood(servers, 64, "gcra", 4);
+    let refill = (seconds / 0.6).floor() as usize + 1;
+    assert!(
+        (100..=100 + refill).contains(&admitted),
+        "gcra admitted {admitted} in {seconds:.2}s"
+    );
 }

@@ -1,0 +1,22 @@
+//! Test support for the sluice workspace, never published: real servers started on free
+//! ports and stopped by PID ([`redis`], [`memcached`]), the load loops the stores' fault
+//! tests share ([`load`]), the throughput rounds of their benchmarks ([`bench`]), the shared
+//! test vectors' codec ([`vectors`]), and an HTTP client for the service's tests ([`http`]). A store added later adds one module
+//! here for its server.
+//!
+//! The servers need their programs on `PATH` (`redis-server`, `redis-cli`, `memcached`);
+//! `scripts/test.sh` installs them.
+
+#![forbid(unsafe_code)]
+
+pub mod bench;
+pub mod http;
+pub mod load;
+pub mod memcached;
+mod process;
+pub mod redis;
+pub mod vectors;
+
+pub use memcached::MemcachedServer;
+pub use process::free_port;
+pub use redis::{RedisCluster, RedisServer};

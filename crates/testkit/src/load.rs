@@ -1,0 +1,103 @@
+//! Load on a limiter from many tasks at once, for the stores' fault tests.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_limiter::{Checked, Denial, FailureMode, Limiter, Policy};
+use tokio::task::JoinSet;
+
+/// Runs `per_task` checks of `policy` for `user` (selector `user`) on each of `tasks` tasks,
+/// and returns every answer with how long it took. A check that returns an error panics:
+/// the failure modes under test answer with decisions.
+pub async fn checks(
+    limiter: &Arc<Limiter>,
+    policy: &'static str,
+    user: &'static str,
+    tasks: usize,
+    per_task: usize,
+) -> Vec<(Checked, Duration)> {
+    let mut set = JoinSet::new();
+    for _ in 0..tasks {
+        let limiter = limiter.clone();
+        set.spawn(async move {
+            let mut answers = Vec::new();
+            for _ in 0..per_task {
+                let started = Instant::now();
+                let checked = limiter
+                    .check(policy, &[("user", user)], 1)
+                    .await
+                    .expect("a decision");
+                answers.push((checked, started.elapsed()));
+            }
+            answers
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(answers) = set.join_next().await {
+        all.extend(answers.expect("no panic"));
+    }
+    all
+}
+
+/// The policies the failure-mode tests use: `open`, `closed` and `local` (1% of the rule),
+/// each `user:1000/h`; `open` with `open_options` appended (an algorithm, say).
+pub fn failure_policies(open_options: &str) -> Vec<Policy> {
+    vec![
+        Policy::new("open", &format!("user:1000/h {open_options}"))
+            .unwrap()
+            .failure(FailureMode::Open),
+        Policy::new("closed", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::Closed),
+        Policy::new("local", "user:1000/h")
+            .unwrap()
+            .failure(FailureMode::local(0.01).unwrap()),
+    ]
+}
+
+/// With the store down, checks of [`failure_policies`] for user `a` each answer without
+/// it as their mode says (open admits, closed denies with `StoreUnavailable`, local decides
+/// in process), none taking longer than `bound`; `local` admits exactly 10 for user `b`.
+pub async fn assert_failure_modes(limiter: &Arc<Limiter>, bound: Duration) {
+    for (policy, check) in [
+        (
+            "open",
+            (|c: &Checked| c.decision.allowed()) as fn(&Checked) -> bool,
+        ),
+        ("closed", |c: &Checked| {
+            c.decision.denial == Some(Denial::StoreUnavailable)
+        }),
+        ("local", |c: &Checked| c.without_store.is_some()),
+    ] {
+        for (checked, took) in &checks(limiter, policy, "a", 8, 10).await {
+            assert!(checked.without_store.is_some(), "{policy}: {checked:?}");
+            assert!(check(checked), "{policy}: {checked:?}");
+            assert!(*took < bound, "{policy} took {took:?}");
+        }
+    }
+    // Local with 1% of 1000/h: 10 admitted for user `b` while the store is away.
+    let local_admitted = checks(limiter, "local", "b", 4, 10)
+        .await
+        .iter()
+        .filter(|(c, _)| c.decision.allowed())
+        .count();
+    assert_eq!(local_admitted, 10);
+}
+
+/// Checks the `closed` policy until a decision comes from the store again (it must admit),
+/// for at most `within`.
+pub async fn until_the_store_answers(limiter: &Limiter, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let checked = limiter.check("closed", &[("user", "c")], 1).await.unwrap();
+        if checked.without_store.is_none() {
+            assert!(checked.decision.allowed());
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "decisions did not return to the store within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await; // waiting on a real restart
+    }
+}
