@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use sluice_limiter::store::url::split_query;
+
 use crate::MemcachedError;
 
 /// A URL, read.
@@ -27,7 +29,7 @@ pub fn parse(url: &str) -> Result<Settings, MemcachedError> {
     let rest = url
         .strip_prefix("memcached://")
         .ok_or_else(|| bad("not a memcached:// URL"))?;
-    let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (hosts, query) = split_query(rest);
     let mut settings = Settings::default();
     for host in hosts.trim_end_matches('/').split(',').map(str::trim) {
         if host.is_empty() {
@@ -59,8 +61,7 @@ pub fn parse(url: &str) -> Result<Settings, MemcachedError> {
     if settings.servers.is_empty() {
         return Err(bad("no servers"));
     }
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (name, value) in query {
         let known = [
             "timeout_ms",
             "connect_timeout_ms",

@@ -1,6 +1,8 @@
 //! Store URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS), and
 //! `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for TLS).
 
+use sluice_limiter::store::url::take_params;
+
 use crate::RedisError;
 
 /// Where the store connects.
@@ -22,20 +24,17 @@ pub struct Parsed {
 
 /// Reads a store URL, taking off the parameters that are ours (`tls_ca`).
 pub fn parse_url(url: &str) -> Result<Parsed, RedisError> {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let (url, taken) = take_params(url, &["tls_ca"]);
     let mut tls_ca = None;
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("tls_ca", path)) => tls_ca = Some(std::path::PathBuf::from(path)),
-            _ => rest.push(pair),
+    for (_, path) in taken {
+        if path.is_empty() {
+            return Err(RedisError::Url(format!(
+                "`{}`: tls_ca needs a path",
+                redact(&url)
+            )));
         }
+        tls_ca = Some(std::path::PathBuf::from(path));
     }
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
     if tls_ca.is_some() && !url.starts_with("rediss") {
         return Err(RedisError::Url(format!(
             "`{}`: tls_ca needs rediss://",

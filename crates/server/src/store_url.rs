@@ -13,33 +13,10 @@
 use std::time::Duration;
 
 use sluice_limiter::memory::DEFAULT_MAX_IDENTIFIERS;
+use sluice_limiter::store::url::{split_query, take_params};
 use sluice_limiter::{DynStore, MemoryStore};
 use sluice_memcached::MemcachedStore;
 use sluice_redis::RedisStore;
-
-/// Splits `url` into its base and the query parameters named in `ours`; the rest stay on
-/// the base.
-fn take_params(url: &str, ours: &[&str]) -> (String, Vec<(String, String)>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), Vec::new());
-    };
-    let mut kept = Vec::new();
-    let mut taken = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if ours.contains(&k) {
-            taken.push((k.to_owned(), v.to_owned()));
-        } else {
-            kept.push(pair);
-        }
-    }
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    (url, taken)
-}
 
 fn positive(name: &str, value: &str) -> Result<u64, String> {
     value
@@ -64,13 +41,12 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
     match scheme {
         "memory" => {
             let mut max = DEFAULT_MAX_IDENTIFIERS;
-            let query = rest.trim_start_matches('/').trim_start_matches('?');
-            for pair in query.split('&').filter(|p| !p.is_empty()) {
-                match pair.split_once('=') {
-                    Some(("max_identifiers", v)) => max = positive("max_identifiers", v)? as usize,
+            for (name, value) in split_query(rest).1 {
+                match name {
+                    "max_identifiers" => max = positive(name, value)? as usize,
                     _ => {
                         return Err(format!(
-                            "unknown memory store option `{pair}` (known: max_identifiers)"
+                            "unknown memory store option `{name}` (known: max_identifiers)"
                         ));
                     }
                 }
@@ -83,8 +59,8 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
             let (base, params) = take_params(url, &["timeout_ms", "connect_timeout_ms"]);
             let mut builder = RedisStore::builder(&base);
             for (name, value) in params {
-                let ms = Duration::from_millis(positive(&name, &value)?);
-                builder = match name.as_str() {
+                let ms = Duration::from_millis(positive(name, value)?);
+                builder = match name {
                     "timeout_ms" => builder.timeout(ms),
                     _ => builder.connect_timeout(ms),
                 };
@@ -104,21 +80,5 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
         other => Err(format!(
             "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, memcached://)"
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_our_parameters_off() {
-        let (url, ours) = take_params(
-            "redis://h:1/2?timeout_ms=50&protocol=resp3",
-            &["timeout_ms"],
-        );
-        assert_eq!(url, "redis://h:1/2?protocol=resp3");
-        assert_eq!(ours, [("timeout_ms".to_owned(), "50".to_owned())]);
-        assert_eq!(take_params("redis://h:1", &["timeout_ms"]).0, "redis://h:1");
     }
 }

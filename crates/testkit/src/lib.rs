@@ -1,6 +1,6 @@
 //! Test support for the sluice workspace, never published: real servers started on free
 //! ports and stopped by PID ([`redis`], [`memcached`]), the load loops the stores' fault
-//! tests share ([`load`]), the throughput rounds of their benchmarks ([`bench`]), the shared
+//! tests share ([`load`]), the throughput rounds of their benchmarks ([`bench`](mod@bench)), the shared
 //! test vectors' codec ([`vectors`]), and an HTTP client for the service's tests ([`http`]). A store added later adds one module
 //! here for its server.
 //!

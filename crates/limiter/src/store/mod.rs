@@ -3,6 +3,7 @@
 //! limiter never names a store type.
 
 mod dynamic;
+pub mod url;
 
 use std::future::Future;
 
