@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_io_timeout::TimeoutStream;
+use tokio::time::{Instant, Sleep};
 
 /// How a listener treats its connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,12 +107,10 @@ impl Listener {
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let mut io = TimeoutStream::new(stream);
-            io.set_read_timeout(Some(self.limits.idle));
-            io.set_write_timeout(Some(self.limits.idle));
+            let io = Idle::new(stream, self.limits.idle);
             self.counts.open.fetch_add(1, Ordering::Relaxed);
             return Connection {
-                io: Box::pin(io),
+                io,
                 peer,
                 first_byte: self.limits.first_byte,
                 _held: Held {
@@ -138,7 +136,7 @@ impl Drop for Held {
 
 /// An accepted connection: reads and writes fail once the peer has been idle too long.
 pub(crate) struct Connection {
-    io: Pin<Box<TimeoutStream<TcpStream>>>,
+    io: Idle<TcpStream>,
     peer: SocketAddr,
     first_byte: Option<Duration>,
     _held: Held,
@@ -165,7 +163,7 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.io.as_mut().poll_read(cx, buf)
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
@@ -175,7 +173,7 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.io.as_mut().poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -183,7 +181,7 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.io.as_mut().poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -191,11 +189,11 @@ impl AsyncWrite for Connection {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.io.as_mut().poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.io.as_mut().poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -204,5 +202,113 @@ impl tonic::transport::server::Connected for Connection {
 
     fn connect_info(&self) -> SocketAddr {
         self.peer
+    }
+}
+
+/// A stream that fails with `TimedOut` once it has made no progress for `idle` while a read
+/// or a write waits. One timer per connection, moved only when it fires (to the last
+/// progress plus `idle`), so a read or write that progresses costs a clock read, not a
+/// timer update: re-arming a timer on every I/O (as tokio-io-timeout does) cost about 2 µs
+/// of CPU per gRPC request, measured. A silent connection is closed `idle` after its last
+/// byte; a busy one re-arms its timer once per `idle`.
+pub(crate) struct Idle<S> {
+    inner: S,
+    idle: Duration,
+    last_progress: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<S> Idle<S> {
+    pub(crate) fn new(inner: S, idle: Duration) -> Idle<S> {
+        let now = Instant::now();
+        Idle {
+            inner,
+            idle,
+            last_progress: now,
+            timer: Box::pin(tokio::time::sleep_until(now + idle)),
+        }
+    }
+
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Ready with an error once the idle time has passed since the last progress; pending
+    /// (with the timer registered to wake this task) otherwise.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let due = self.last_progress + self.idle;
+            if due <= Instant::now() {
+                return Poll::Ready(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection idle too long",
+                ));
+            }
+            self.timer.as_mut().reset(due);
+        }
+        Poll::Pending
+    }
+
+    /// Passes `ready` through, noting progress; on pending, checks the idle time.
+    fn progress<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        ready: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match ready {
+            Poll::Ready(result) => {
+                self.last_progress = Instant::now();
+                Poll::Ready(result)
+            }
+            Poll::Pending => self.poll_idle(cx).map(Err),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Idle<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let ready = Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.progress(cx, ready)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Idle<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let ready = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.progress(cx, ready)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let ready = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.progress(cx, ready)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let ready = Pin::new(&mut this.inner).poll_flush(cx);
+        this.progress(cx, ready)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
