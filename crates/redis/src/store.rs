@@ -207,11 +207,12 @@ impl RedisStore {
                     Err(e)
                         if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !whole =>
                     {
-                        // Rare (a restart, failover or SCRIPT FLUSH) and at most once per
-                        // call in flight then: worth a line each.
-                        tracing::info!(
+                        // Expected on each server's first call and after a restart,
+                        // failover or SCRIPT FLUSH (the outage itself is logged once, by
+                        // note_reachable): a detail, not news.
+                        tracing::debug!(
                             script = %lua.sha,
-                            "redis lost the decision script; sending it whole"
+                            "decision script not cached on the server; sending it whole"
                         );
                         whole = true;
                     }

@@ -9,6 +9,7 @@ use sluice_redis::RedisStore;
 use sluice_testkit::load::{
     assert_failure_modes, checks, failure_policies, until_the_store_answers,
 };
+use sluice_testkit::logs::Captured;
 use sluice_testkit::{RedisCluster, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -170,4 +171,29 @@ async fn a_slot_migrating_under_load_changes_nothing() {
         .cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
         .unwrap();
     assert_ne!(now_on.trim(), "0", "the key now lives on the new owner");
+}
+
+/// Redis going away is logged once however many calls fail, and its return once.
+#[tokio::test(flavor = "current_thread")]
+async fn losing_and_regaining_redis_is_logged_once_each() {
+    let (captured, _guard) = Captured::start();
+    let mut redis = RedisServer::start().expect("redis-server");
+    let limiter = limiter(&redis.url(), failure_policies("")).await;
+    let check = || limiter.check("closed", &[("user", "a")], 1);
+    assert!(check().await.unwrap().without_store.is_none());
+
+    redis.kill();
+    for _ in 0..30 {
+        assert!(check().await.unwrap().without_store.is_some());
+    }
+    assert_eq!(captured.lines_with("redis does not answer"), 1);
+    assert_eq!(captured.lines_with("redis answers again"), 0);
+
+    redis.restart().expect("restart redis");
+    until_the_store_answers(&limiter, Duration::from_secs(10)).await;
+    for _ in 0..10 {
+        assert!(check().await.unwrap().without_store.is_none());
+    }
+    assert_eq!(captured.lines_with("redis answers again"), 1);
+    assert_eq!(captured.lines_with("redis does not answer"), 1);
 }

@@ -1,7 +1,8 @@
 //! Test support for the sluice workspace, never published: real servers started on free
 //! ports and stopped by PID ([`redis`], [`memcached`]), the load loops the stores' fault
 //! tests share ([`load`]), the throughput rounds of their benchmarks ([`bench`](mod@bench)), the shared
-//! test vectors' codec ([`vectors`]), and an HTTP client for the service's tests ([`http`]). A store added later adds one module
+//! test vectors' codec ([`vectors`]), an HTTP client for the service's tests ([`http`]), and
+//! a capture of what the code logs ([`logs`]). A store added later adds one module
 //! here for its server.
 //!
 //! The servers need their programs on `PATH` (`redis-server`, `redis-cli`, `memcached`);
@@ -12,6 +13,7 @@
 pub mod bench;
 pub mod http;
 pub mod load;
+pub mod logs;
 pub mod memcached;
 mod process;
 pub mod redis;
