@@ -1,5 +1,6 @@
 //! envoyproxy/ratelimit's YAML configuration, loaded unchanged: one file per domain, nested
-//! `descriptors` (key, optional value, `foo*` wildcards), `rate_limit` (`unit`,
+//! `descriptors` (key, optional value, wildcards: each `*` in a value matches any run of
+//! characters, `foo*`, `bar*b`, `foo*bar*baz`), `rate_limit` (`unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, `detailed_metric`.
 //!
 //! Extensions: `unit` takes a multiplier (`5 minutes`), and `rate_limit` may name a sluice
@@ -67,7 +68,9 @@ struct RawRateLimit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawReplace {
-    name: String,
+    /// `- name:` with nothing after it reads as no name, refused with a clear message.
+    #[serde(default)]
+    name: Option<String>,
 }
 
 /// A configuration that cannot be used: the file, and a message naming the descriptor path.
@@ -120,8 +123,8 @@ pub struct Node {
 pub struct Level {
     /// key -> value -> node, so lookups borrow the request's strings.
     exact: HashMap<String, HashMap<String, Node>>,
-    /// `(key, value prefix)` for values written `prefix*`, in file order.
-    wildcard: Vec<(String, String, Node)>,
+    /// `(key, pattern split at each *)` for values with a `*`, in file order.
+    wildcard: Vec<(String, Vec<String>, Node)>,
     any: HashMap<String, Node>,
 }
 
@@ -135,7 +138,7 @@ impl Level {
         if let Some((_, _, node)) = self
             .wildcard
             .iter()
-            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+            .find(|(k, parts, _)| k == key && wildcard_match(parts, value))
         {
             return Some(node);
         }
@@ -145,6 +148,32 @@ impl Level {
     fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.wildcard.is_empty() && self.any.is_empty()
     }
+}
+
+/// Whether `value` matches a pattern split at its `*`s: it starts with the first part, ends
+/// with the last, and holds the middle ones in order between them, without overlap (each `*`
+/// matches any run of characters, none included).
+fn wildcard_match(parts: &[String], value: &str) -> bool {
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return false;
+    };
+    if parts.len() == 1 {
+        return value == first;
+    }
+    if value.len() < first.len() + last.len()
+        || !value.starts_with(first.as_str())
+        || !value.ends_with(last.as_str())
+    {
+        return false;
+    }
+    let mut rest = &value[first.len()..value.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part.as_str()) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Every domain's tree, and the policies its limited leaves need.
@@ -266,13 +295,13 @@ fn build_level(
         path.pop();
         let key = descriptor.key.clone();
         let duplicate = match &descriptor.value {
-            Some(v) if v.ends_with('*') => {
-                let prefix = v.trim_end_matches('*').to_owned();
+            Some(v) if v.contains('*') => {
+                let parts: Vec<String> = v.split('*').map(str::to_owned).collect();
                 let dup = level
                     .wildcard
                     .iter()
-                    .any(|(k, p, _)| *k == key && *p == prefix);
-                level.wildcard.push((key, prefix, node));
+                    .any(|(k, p, _)| *k == key && *p == parts);
+                level.wildcard.push((key, parts, node));
                 dup
             }
             Some(v) => level
@@ -296,9 +325,20 @@ fn build_limit(
     raw: &RawRateLimit,
     shadow: bool,
 ) -> Result<(Limit, Option<Policy>), String> {
+    let mut replaces = Vec::with_capacity(raw.replaces.len());
+    for replace in &raw.replaces {
+        match replace.name.as_deref() {
+            None | Some("") => return Err("a `replaces` entry has an empty `name`".into()),
+            Some(name) if raw.name.as_deref() == Some(name) => {
+                return Err(format!("`replaces` names this limit itself (`{name}`)"));
+            }
+            Some(name) => replaces.push(name.to_owned()),
+        }
+    }
     if raw.unlimited {
-        if raw.requests_per_unit.is_some() || raw.unit.is_some() {
-            return Err("`unlimited` takes no `unit` or `requests_per_unit`".into());
+        // As envoyproxy/ratelimit: a unit contradicts `unlimited`; a count alone is ignored.
+        if raw.unit.is_some() {
+            return Err("`unlimited` takes no `unit`".into());
         }
         return Ok((Limit::Unlimited, None));
     }
@@ -311,7 +351,7 @@ fn build_limit(
     let limited = Arc::new(Limited {
         policy: policy.clone(),
         name: raw.name.clone(),
-        replaces: raw.replaces.iter().map(|r| r.name.clone()).collect(),
+        replaces,
         requests_per_unit: requests,
         span,
         shadow,
@@ -462,5 +502,92 @@ descriptors:
         assert!(e.to_string().contains("bad.yaml: descriptor `k`"), "{e}");
         let unknown = "domain: d\ndescriptors:\n  - key: k\n    rate_limt: {}\n";
         assert!(parse([(Path::new("u.yaml"), unknown)]).is_err());
+    }
+
+    /// Written from envoyproxy/ratelimit's wildcard tests: a `*` anywhere in a value matches
+    /// any run of characters; an exact value is tried first; no `*`, no wildcard.
+    #[test]
+    fn stars_match_anywhere_in_a_value() {
+        let yaml = r#"
+domain: d
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: noWild
+    value: foo
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: midWild
+    value: bar*b
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: { unit: minute, requests_per_unit: 20 }
+"#;
+        let c = parse([(Path::new("w.yaml"), yaml)]).unwrap();
+        let matched = |entries: &[(&str, &str)]| c.limit_for("d", entries).is_some();
+        assert!(matched(&[("wild", "foo1")]));
+        assert!(matched(&[("wild", "foo")]));
+        assert!(!matched(&[("wild", "bar")]));
+        assert!(!matched(&[("noWild", "foo1")]), "no star, no prefix match");
+        assert!(matched(&[("midWild", "barab")]));
+        assert!(matched(&[("midWild", "bar123b")]));
+        assert!(matched(&[("midWild", "barb")]));
+        assert!(
+            !matched(&[("midWild", "bab")]),
+            "prefix and suffix may not overlap"
+        );
+        assert!(!matched(&[("midWild", "bara")]));
+        assert!(matched(&[("multiWild", "foobarbaz")]));
+        assert!(matched(&[("multiWild", "foo-1-bar-2-baz")]));
+        assert!(!matched(&[("multiWild", "foobaz")]));
+        assert!(!matched(&[("multiWild", "foobazbar")]), "parts in order");
+        assert!(matched(&[("nestedWild", "val1"), ("wild", "goo2")]));
+        assert!(!matched(&[("nestedWild", "val1"), ("wild", "foo2")]));
+    }
+
+    /// As envoyproxy/ratelimit: `replaces` may not be empty nor name its own limit, and
+    /// `unlimited` refuses a `unit` but ignores a lone `requests_per_unit`.
+    #[test]
+    fn replaces_and_unlimited_are_checked_as_envoyproxy_ratelimit_does() {
+        let with = |rate_limit: &str| {
+            let yaml =
+                format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n{rate_limit}");
+            parse([(Path::new("r.yaml"), yaml.as_str())]).map(|c| c.policies.len())
+        };
+        let error = |rate_limit: &str| with(rate_limit).unwrap_err().to_string();
+        let unit = "      unit: second\n      requests_per_unit: 5\n";
+        assert!(
+            error(&format!(
+                "      name: self\n      replaces:\n        - name: self\n{unit}"
+            ))
+            .contains("`replaces` names this limit itself (`self`)")
+        );
+        assert!(
+            error(&format!(
+                "      name: self\n      replaces:\n        - name:\n{unit}"
+            ))
+            .contains("a `replaces` entry has an empty `name`")
+        );
+        assert_eq!(
+            with(&format!(
+                "      name: a\n      replaces:\n        - name: b\n{unit}"
+            )),
+            Ok(1)
+        );
+        assert!(
+            error("      unlimited: true\n      unit: day\n      requests_per_unit: 25\n")
+                .contains("`unlimited` takes no `unit`")
+        );
+        assert_eq!(
+            with("      unlimited: true\n      requests_per_unit: 25\n"),
+            Ok(0)
+        );
     }
 }
