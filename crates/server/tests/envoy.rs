@@ -229,3 +229,66 @@ print([x[0] for x in pipe.execute()])
     assert_eq!(lines[5], "True");
     assert_eq!(lines[6], "[0, 1, 1]");
 }
+
+const QUOTAS: &str = r#"
+domain: quotas
+descriptors:
+  - key: tenant
+    quota_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: region
+    quota_mode: true
+    metadata: { team: payments, tier: [gold] }
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+"#;
+
+/// `quota_mode`, as envoyproxy/ratelimit's service tests state it: a quota descriptor over
+/// its limit is OVER_LIMIT in its own status, but the answer is OVER_LIMIT only when every
+/// quota descriptor of the request is over (or any descriptor not in quota mode is).
+/// `metadata` loads.
+#[test]
+fn quota_descriptors_deny_only_when_all_are_over() {
+    let server = Server::start_with("", &[("quotas.yaml", QUOTAS)], |b| b);
+    let request = |entries: &[(&str, &str)]| {
+        let descriptors: Vec<_> = entries
+            .iter()
+            .map(|(k, v)| json!({ "entries": [[k, v]] }))
+            .collect();
+        json!({ "domain": "quotas", "descriptors": descriptors })
+    };
+    let codes = |answer: &serde_json::Value| -> (String, Vec<String>) {
+        let statuses = answer["statuses"].as_array().unwrap();
+        (
+            answer["overall"].as_str().unwrap().to_owned(),
+            statuses
+                .iter()
+                .map(|s| s["code"].as_str().unwrap().to_owned())
+                .collect(),
+        )
+    };
+    let answers = envoy(
+        &server,
+        json!([
+            request(&[("tenant", "a"), ("region", "eu")]),
+            // tenant a is over, region us is not: OK overall.
+            request(&[("tenant", "a"), ("region", "us")]),
+            // Both quota descriptors over: OVER_LIMIT.
+            request(&[("tenant", "a"), ("region", "eu")]),
+            // A descriptor outside quota mode over: OVER_LIMIT whatever the quotas say.
+            request(&[("user", "u")]),
+            request(&[("tenant", "b"), ("user", "u")]),
+        ]),
+    );
+    let got: Vec<_> = answers.iter().map(codes).collect();
+    let s = |x: &str| x.to_owned();
+    assert_eq!(got[0], (s("OK"), vec![s("OK"), s("OK")]));
+    assert_eq!(got[1], (s("OK"), vec![s("OVER_LIMIT"), s("OK")]));
+    assert_eq!(
+        got[2],
+        (s("OVER_LIMIT"), vec![s("OVER_LIMIT"), s("OVER_LIMIT")])
+    );
+    assert_eq!(got[3], (s("OK"), vec![s("OK")]));
+    assert_eq!(got[4], (s("OVER_LIMIT"), vec![s("OK"), s("OVER_LIMIT")]));
+}

@@ -1,7 +1,9 @@
 //! envoyproxy/ratelimit's YAML configuration, loaded unchanged: one file per domain, nested
 //! `descriptors` (key, optional value, wildcards: each `*` in a value matches any run of
 //! characters, `foo*`, `bar*b`, `foo*bar*baz`), `rate_limit` (`unit`,
-//! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, `detailed_metric`.
+//! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, `quota_mode` (a quota
+//! descriptor over its limit makes the answer OVER_LIMIT only when every quota descriptor of
+//! the request is over), `detailed_metric`; `metadata` is loaded and not used.
 //!
 //! Extensions: `unit` takes a multiplier (`5 minutes`), and `rate_limit` may name a sluice
 //! `algorithm` (default `fixed-window`, as envoyproxy/ratelimit counts) and a `burst`.
@@ -39,6 +41,14 @@ struct RawDescriptor {
     descriptors: Vec<RawDescriptor>,
     #[serde(default)]
     shadow_mode: bool,
+    /// Over the limit alone does not make the answer OVER_LIMIT: only all quota descriptors
+    /// of a request being over does.
+    #[serde(default)]
+    quota_mode: bool,
+    /// Loaded and not used: envoyproxy/ratelimit returns it only in dynamic metadata, which
+    /// sluice does not send.
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<serde_norway::Value>,
     /// Accepted for compatibility: sluice's metrics are per policy (per leaf) already.
     #[serde(default, rename = "detailed_metric")]
     _detailed_metric: bool,
@@ -109,6 +119,9 @@ pub struct Limited {
     pub requests_per_unit: u64,
     pub span: Span,
     pub shadow: bool,
+    /// `quota_mode`: over the limit, this descriptor alone does not make the request's
+    /// answer OVER_LIMIT; all the request's quota descriptors being over does.
+    pub quota: bool,
 }
 
 /// One node of a domain's descriptor tree.
@@ -280,7 +293,11 @@ fn build_level(
         let here = path.join(".");
         let mut node = Node::default();
         if let Some(rate) = &descriptor.rate_limit {
-            let (limit, policy) = build_limit(domain, &here, rate, descriptor.shadow_mode)
+            let modes = Modes {
+                shadow: descriptor.shadow_mode,
+                quota: descriptor.quota_mode,
+            };
+            let (limit, policy) = build_limit(domain, &here, rate, modes)
                 .map_err(|m| format!("descriptor `{here}`: {m}"))?;
             node.limit = Some(limit);
             policies.extend(policy);
@@ -319,12 +336,20 @@ fn build_level(
     Ok(())
 }
 
+/// A descriptor's `shadow_mode` and `quota_mode`.
+#[derive(Debug, Clone, Copy)]
+struct Modes {
+    shadow: bool,
+    quota: bool,
+}
+
 fn build_limit(
     domain: &str,
     path: &str,
     raw: &RawRateLimit,
-    shadow: bool,
+    modes: Modes,
 ) -> Result<(Limit, Option<Policy>), String> {
+    let Modes { shadow, quota } = modes;
     let mut replaces = Vec::with_capacity(raw.replaces.len());
     for replace in &raw.replaces {
         match replace.name.as_deref() {
@@ -355,6 +380,7 @@ fn build_limit(
         requests_per_unit: requests,
         span,
         shadow,
+        quota,
     });
     if requests == 0 {
         return Ok((Limit::Blocked(limited), None));

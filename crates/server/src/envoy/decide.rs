@@ -211,6 +211,7 @@ impl Service {
                     requests_per_unit: u64::from(requests),
                     span,
                     shadow: false,
+                    quota: false,
                 })));
                 continue;
             }
@@ -236,6 +237,8 @@ impl Service {
 
         let request_hits = u64::from(request.hits_addend.max(1));
         let mut statuses = Vec::with_capacity(resolved.len());
+        // Over, for descriptors that are not in quota mode; (all, over) for those that are.
+        let (mut over, mut quota_all, mut quota_over) = (false, 0usize, 0usize);
         for (d, r) in request.descriptors.iter().zip(&resolved) {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let status = match r {
@@ -283,9 +286,24 @@ impl Service {
                     status_of(l, checked, now)?
                 }
             };
+            let quota = match r {
+                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l)) => {
+                    l.quota && !l.name.as_deref().is_some_and(|n| replaced.contains(n))
+                }
+                _ => false,
+            };
+            let is_over = status.code == Code::OverLimit;
+            if quota {
+                quota_all += 1;
+                quota_over += usize::from(is_over);
+            } else {
+                over |= is_over;
+            }
             statuses.push(status);
         }
-        let overall_code = if statuses.iter().any(|s| s.code == Code::OverLimit) {
+        // As envoyproxy/ratelimit: OVER_LIMIT when any descriptor outside quota mode is over,
+        // or when every quota descriptor is.
+        let overall_code = if over || (quota_all > 0 && quota_over == quota_all) {
             Code::OverLimit
         } else {
             Code::Ok
