@@ -292,3 +292,44 @@ fn quota_descriptors_deny_only_when_all_are_over() {
     assert_eq!(got[3], (s("OK"), vec![s("OK")]));
     assert_eq!(got[4], (s("OVER_LIMIT"), vec![s("OK"), s("OVER_LIMIT")]));
 }
+
+const SHARED: &str = r#"
+domain: shared
+descriptors:
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: path
+    value: /pages/*
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+"#;
+
+/// `share_threshold` on a wildcard: every value it matches counts on one counter; without
+/// it, each value counts apart.
+#[test]
+fn share_threshold_makes_a_wildcard_one_counter() {
+    let server = Server::start_with("", &[("shared.yaml", SHARED)], |b| b);
+    let answers = envoy(
+        &server,
+        json!([
+            one("shared", &[("path", "/files/a")]),
+            one("shared", &[("path", "/files/b")]),
+            one("shared", &[("path", "/files/c")]),
+            one("shared", &[("path", "/pages/a")]),
+            one("shared", &[("path", "/pages/b")]),
+            one("shared", &[("path", "/pages/c")]),
+        ]),
+    );
+    let got: Vec<(String, u64)> = answers.iter().map(summary).collect();
+    let want = [
+        ("OK", 1),
+        ("OK", 0),
+        ("OVER_LIMIT", 0),
+        ("OK", 1),
+        ("OK", 1),
+        ("OK", 1),
+    ]
+    .map(|(c, n)| (c.to_owned(), n));
+    assert_eq!(got, want);
+}

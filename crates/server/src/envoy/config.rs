@@ -1,6 +1,7 @@
 //! envoyproxy/ratelimit's YAML configuration, loaded unchanged: one file per domain, nested
 //! `descriptors` (key, optional value, wildcards: each `*` in a value matches any run of
-//! characters, `foo*`, `bar*b`, `foo*bar*baz`), `rate_limit` (`unit`,
+//! characters, `foo*`, `bar*b`, `foo*bar*baz`; `share_threshold` makes every value a
+//! wildcard matches count on one counter), `rate_limit` (`unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, `quota_mode` (a quota
 //! descriptor over its limit makes the answer OVER_LIMIT only when every quota descriptor of
 //! the request is over), `detailed_metric`; `metadata` is loaded and not used.
@@ -45,6 +46,9 @@ struct RawDescriptor {
     /// of a request being over does.
     #[serde(default)]
     quota_mode: bool,
+    /// On a wildcard value: every value it matches counts on one shared counter.
+    #[serde(default)]
+    share_threshold: bool,
     /// Loaded and not used: envoyproxy/ratelimit returns it only in dynamic metadata, which
     /// sluice does not send.
     #[serde(default, rename = "metadata")]
@@ -129,6 +133,9 @@ pub struct Limited {
 pub struct Node {
     pub limit: Option<Limit>,
     pub children: Level,
+    /// `share_threshold` on a wildcard value: the pattern, counted in place of each value it
+    /// matches.
+    pub share: Option<String>,
 }
 
 /// The children of a node, by how they match an entry.
@@ -196,15 +203,32 @@ pub struct EnvoyConfig {
     pub policies: Vec<Policy>,
 }
 
+/// The limit a descriptor lands on, and the entries that count as their wildcard pattern
+/// (`share_threshold`): `(entry index, pattern)`.
+#[derive(Debug)]
+pub struct Found<'c> {
+    pub limit: &'c Limit,
+    pub shared: Vec<(usize, &'c str)>,
+}
+
 impl EnvoyConfig {
     /// The limit for one request descriptor: walk the tree entry by entry; the limit counts
     /// only when the last entry lands on a node that has one.
     pub fn limit_for<'a>(&self, domain: &str, entries: &[(&'a str, &'a str)]) -> Option<&Limit> {
+        self.find(domain, entries).map(|found| found.limit)
+    }
+
+    /// [`limit_for`](Self::limit_for), with the entries whose values share a counter.
+    pub fn find<'a>(&self, domain: &str, entries: &[(&'a str, &'a str)]) -> Option<Found<'_>> {
         let mut level = self.domains.get(domain)?;
+        let mut shared = Vec::new();
         for (i, (key, value)) in entries.iter().enumerate() {
             let node = level.find(key, value)?;
+            if let Some(pattern) = &node.share {
+                shared.push((i, pattern.as_str()));
+            }
             if i + 1 == entries.len() {
-                return node.limit.as_ref();
+                return node.limit.as_ref().map(|limit| Found { limit, shared });
             }
             if node.children.is_empty() {
                 return None;
@@ -292,6 +316,16 @@ fn build_level(
         path.push(segment);
         let here = path.join(".");
         let mut node = Node::default();
+        if descriptor.share_threshold {
+            match &descriptor.value {
+                Some(v) if v.contains('*') => node.share = Some(v.clone()),
+                _ => {
+                    return Err(format!(
+                        "descriptor `{here}`: share_threshold needs a wildcard value (with `*`)"
+                    ));
+                }
+            }
+        }
         if let Some(rate) = &descriptor.rate_limit {
             let modes = Modes {
                 shadow: descriptor.shadow_mode,
@@ -615,5 +649,18 @@ descriptors:
             with("      unlimited: true\n      requests_per_unit: 25\n"),
             Ok(0)
         );
+    }
+
+    #[test]
+    fn share_threshold_needs_a_wildcard() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n";
+        let e = parse([(Path::new("s.yaml"), yaml)]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("share_threshold needs a wildcard value"),
+            "{e}"
+        );
+        let ok = yaml.replace("value: v", "value: v*");
+        assert!(parse([(Path::new("s.yaml"), ok.as_str())]).is_ok());
     }
 }

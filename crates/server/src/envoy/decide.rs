@@ -184,7 +184,8 @@ fn current(limited: &Limited) -> CurrentLimit {
 /// request's override.
 enum Resolved {
     None,
-    Config(Limit),
+    /// The configured limit, and the entries counted as their wildcard pattern.
+    Config(Limit, Vec<(usize, String)>),
     Override(std::sync::Arc<Limited>),
 }
 
@@ -220,8 +221,15 @@ impl Service {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            resolved.push(match config.limit_for(&request.domain, &entries) {
-                Some(limit) => Resolved::Config(limit.clone()),
+            resolved.push(match config.find(&request.domain, &entries) {
+                Some(found) => Resolved::Config(
+                    found.limit.clone(),
+                    found
+                        .shared
+                        .iter()
+                        .map(|&(i, p)| (i, p.to_owned()))
+                        .collect(),
+                ),
                 None => Resolved::None,
             });
         }
@@ -229,7 +237,7 @@ impl Service {
         let replaced: HashSet<&str> = resolved
             .iter()
             .filter_map(|r| match r {
-                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l)) => Some(l),
+                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l), _) => Some(l),
                 _ => None,
             })
             .flat_map(|l| l.replaces.iter().map(String::as_str))
@@ -243,13 +251,13 @@ impl Service {
             let cost = d.hits_addend.unwrap_or(request_hits);
             let status = match r {
                 Resolved::None => ok_without_limit(0),
-                Resolved::Config(Limit::Unlimited) => ok_without_limit(u32::MAX),
-                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l))
+                Resolved::Config(Limit::Unlimited, _) => ok_without_limit(u32::MAX),
+                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l), _)
                     if l.name.as_deref().is_some_and(|n| replaced.contains(n)) =>
                 {
                     ok_without_limit(0)
                 }
-                Resolved::Config(Limit::Blocked(l)) => DescriptorStatus {
+                Resolved::Config(Limit::Blocked(l), _) => DescriptorStatus {
                     code: if l.shadow || cost == 0 {
                         Code::Ok
                     } else {
@@ -259,8 +267,17 @@ impl Service {
                     limit_remaining: 0,
                     duration_until_reset: Some(window_left(l.span, now)),
                 },
-                Resolved::Config(Limit::Limited(l)) => {
-                    let value = descriptor_value("", &d.entries);
+                Resolved::Config(Limit::Limited(l), shared) => {
+                    let value = if shared.is_empty() {
+                        descriptor_value("", &d.entries)
+                    } else {
+                        // share_threshold: matched values count as their wildcard pattern.
+                        let mut entries = d.entries.clone();
+                        for (i, pattern) in shared {
+                            entries[*i].1.clone_from(pattern);
+                        }
+                        descriptor_value("", &entries)
+                    };
                     let checked = self.check(&l.policy, &[(SELECTOR, &value)], cost).await;
                     match checked {
                         // A reload removed this leaf's policy since the tree was read: decide
@@ -287,7 +304,7 @@ impl Service {
                 }
             };
             let quota = match r {
-                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l)) => {
+                Resolved::Config(Limit::Limited(l) | Limit::Blocked(l), _) => {
                     l.quota && !l.name.as_deref().is_some_and(|n| replaced.contains(n))
                 }
                 _ => false,
