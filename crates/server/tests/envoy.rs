@@ -333,3 +333,49 @@ fn share_threshold_makes_a_wildcard_one_counter() {
     .map(|(c, n)| (c.to_owned(), n));
     assert_eq!(got, want);
 }
+
+const FIVE: &str = r#"
+domain: five
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: smooth
+    rate_limit: { unit: hour, requests_per_unit: 5, algorithm: gcra }
+"#;
+
+/// As envoyproxy/ratelimit counts: a request asking more than the whole limit is over, and
+/// its hits still count, so the next single hit is over too (fixed window, the default).
+/// A sluice algorithm named in the config keeps sluice's rule: a hit that can never pass
+/// records nothing.
+#[test]
+fn a_request_over_the_whole_limit_still_counts() {
+    let server = Server::start_with("", &[("five.yaml", FIVE)], |b| b);
+    let request = |key: &str, user: &str, hits: u32| {
+        json!({ "domain": "five", "hits_addend": hits,
+                "descriptors": [{ "entries": [[key, user]] }] })
+    };
+    let answers = envoy(
+        &server,
+        json!([
+            request("user", "fresh", 6),
+            request("user", "fresh", 1),
+            request("user", "partly", 2),
+            request("user", "partly", 6),
+            request("user", "partly", 1),
+            request("smooth", "s", 6),
+            request("smooth", "s", 1),
+        ]),
+    );
+    let got: Vec<(String, u64)> = answers.iter().map(summary).collect();
+    let want = [
+        ("OVER_LIMIT", 0),
+        ("OVER_LIMIT", 0),
+        ("OK", 3),
+        ("OVER_LIMIT", 0),
+        ("OVER_LIMIT", 0),
+        ("OVER_LIMIT", 0),
+        ("OK", 4),
+    ]
+    .map(|(c, n)| (c.to_owned(), n));
+    assert_eq!(got, want);
+}

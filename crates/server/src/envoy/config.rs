@@ -126,6 +126,9 @@ pub struct Limited {
     /// `quota_mode`: over the limit, this descriptor alone does not make the request's
     /// answer OVER_LIMIT; all the request's quota descriptors being over does.
     pub quota: bool,
+    /// Fixed window, as envoyproxy/ratelimit counts: every hit counts, even those of a
+    /// request over the limit, and even a request asking more than the whole limit.
+    pub counts_every_hit: bool,
 }
 
 /// One node of a domain's descriptor tree.
@@ -406,6 +409,10 @@ fn build_limit(
     let requests = raw
         .requests_per_unit
         .ok_or("`rate_limit` needs `requests_per_unit`")?;
+    let algorithm = match &raw.algorithm {
+        Some(name) => name.parse::<Algorithm>().map_err(|e| e.to_string())?,
+        None => Algorithm::FixedWindow,
+    };
     let policy = policy_name(domain, path);
     let limited = Arc::new(Limited {
         policy: policy.clone(),
@@ -415,14 +422,11 @@ fn build_limit(
         span,
         shadow,
         quota,
+        counts_every_hit: algorithm == Algorithm::FixedWindow,
     });
     if requests == 0 {
         return Ok((Limit::Blocked(limited), None));
     }
-    let algorithm = match &raw.algorithm {
-        Some(name) => name.parse::<Algorithm>().map_err(|e| e.to_string())?,
-        None => Algorithm::FixedWindow,
-    };
     let rate = Rate::new(requests, span).map_err(|e| e.to_string())?;
     let leaf = Leaf {
         selector: Selector::new([SELECTOR]).expect("a valid name"),

@@ -213,6 +213,7 @@ impl Service {
                     span,
                     shadow: false,
                     quota: false,
+                    counts_every_hit: true,
                 })));
                 continue;
             }
@@ -278,29 +279,32 @@ impl Service {
                         }
                         descriptor_value("", &entries)
                     };
-                    let checked = self.check(&l.policy, &[(SELECTOR, &value)], cost).await;
-                    match checked {
+                    let (charge, whole) = charge(l, cost);
+                    let checked = self.check(&l.policy, &[(SELECTOR, &value)], charge).await;
+                    let status = match checked {
                         // A reload removed this leaf's policy since the tree was read: decide
                         // on the new tree rather than fail the request.
                         Err(sluice_limiter::Error::UnknownPolicy(_)) => {
                             self.recheck(&request.domain, d, &value, cost, now).await?
                         }
                         checked => status_of(l, checked, now)?,
-                    }
+                    };
+                    over_whole_limit(l, status, whole)
                 }
                 Resolved::Override(l) => {
                     let value = descriptor_value(&request.domain, &d.entries);
                     let make = || override_policy(l);
+                    let (charge, whole) = charge(l, cost);
                     let checked = self
                         .check_dynamic(
                             Dynamic::EnvoyOverride,
                             &l.policy,
                             make,
                             &[(SELECTOR, &value)],
-                            cost,
+                            charge,
                         )
                         .await;
-                    status_of(l, checked, now)?
+                    over_whole_limit(l, status_of(l, checked, now)?, whole)
                 }
             };
             let quota = match r {
@@ -355,8 +359,9 @@ impl Service {
             .collect();
         match config.limit_for(domain, &entries) {
             Some(Limit::Limited(l)) => {
-                let checked = self.check(&l.policy, &[(SELECTOR, value)], cost).await;
-                status_of(l, checked, now)
+                let (charge, whole) = charge(l, cost);
+                let checked = self.check(&l.policy, &[(SELECTOR, value)], charge).await;
+                Ok(over_whole_limit(l, status_of(l, checked, now)?, whole))
             }
             Some(Limit::Unlimited) => Ok(ok_without_limit(u32::MAX)),
             _ => Ok(ok_without_limit(0)),
@@ -371,6 +376,35 @@ fn ok_without_limit(remaining: u32) -> DescriptorStatus {
         limit_remaining: remaining,
         duration_until_reset: None,
     }
+}
+
+/// What a hit of `cost` charges: a request asking more than the whole limit can never
+/// pass, but where every hit counts (fixed window, as envoyproxy/ratelimit) it still fills
+/// the window, so the next hit is over too. Charging the whole limit does that in one
+/// recorded step (the counter cannot tell more from enough). `true`: such a request.
+fn charge(limited: &Limited, cost: u64) -> (u64, bool) {
+    if limited.counts_every_hit && cost > limited.requests_per_unit {
+        (limited.requests_per_unit, true)
+    } else {
+        (cost, false)
+    }
+}
+
+/// A request over the whole limit is over, whatever charging the limit answered.
+fn over_whole_limit(
+    limited: &Limited,
+    mut status: DescriptorStatus,
+    whole: bool,
+) -> DescriptorStatus {
+    if whole {
+        status.code = if limited.shadow {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        status.limit_remaining = 0;
+    }
+    status
 }
 
 fn status_of(
