@@ -379,3 +379,48 @@ fn a_request_over_the_whole_limit_still_counts() {
     .map(|(c, n)| (c.to_owned(), n));
     assert_eq!(got, want);
 }
+
+/// Limit overrides, as envoyproxy/ratelimit keys them: by the descriptor, not by the
+/// override's value, so a new value goes on counting the same hits; and an override in a
+/// domain with no config is ignored (OK, no limit).
+#[test]
+fn overrides_count_by_descriptor_and_need_a_configured_domain() {
+    let server = Server::start_with("", &[("five.yaml", FIVE)], |b| b);
+    let with = |domain: &str, requests: u32| {
+        json!({ "domain": domain, "descriptors": [
+            { "entries": [["tenant", "t"]], "limit": [requests, "HOUR"] }
+        ]})
+    };
+    let answers = envoy(
+        &server,
+        json!([
+            with("five", 3),
+            with("five", 3),
+            // A larger override: the two hits already counted still count.
+            with("five", 4),
+            with("five", 4),
+            // Smaller again: over at once.
+            with("five", 2),
+            with("nowhere", 1),
+            with("nowhere", 1),
+        ]),
+    );
+    let got: Vec<(String, u64)> = answers.iter().map(summary).collect();
+    let want = [
+        ("OK", 2),
+        ("OK", 1),
+        ("OK", 1),
+        ("OK", 0),
+        ("OVER_LIMIT", 0),
+        ("OK", 0),
+        ("OK", 0),
+    ]
+    .map(|(c, n)| (c.to_owned(), n));
+    assert_eq!(got, want);
+    assert_eq!(answers[2]["statuses"][0]["limit"], json!([4, "HOUR"]));
+    assert!(
+        answers[5]["statuses"][0].get("limit").is_none(),
+        "{}",
+        answers[5]
+    );
+}

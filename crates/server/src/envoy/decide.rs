@@ -201,12 +201,18 @@ impl Service {
         let config = self.envoy();
         let mut resolved = Vec::with_capacity(request.descriptors.len());
         for d in &request.descriptors {
-            if let Some((requests, unit_number)) = d.limit {
+            // As envoyproxy/ratelimit: an override in a domain with no config is ignored.
+            let overridden = d
+                .limit
+                .filter(|_| config.domains.contains_key(&request.domain));
+            if let Some((requests, unit_number)) = overridden {
                 let span = span_of(unit_number).ok_or_else(|| {
                     EnvoyError::Invalid(format!("limit override unit {unit_number} is unknown"))
                 })?;
                 resolved.push(Resolved::Override(std::sync::Arc::new(Limited {
-                    policy: format!("envoy.override.{requests}.{}", span.duration().as_secs()),
+                    // One counter per descriptor and unit, whatever the limit: a new
+                    // override value goes on counting where the old one was.
+                    policy: format!("envoy.override.{}", span.duration().as_secs()),
                     name: None,
                     replaces: Vec::new(),
                     requests_per_unit: u64::from(requests),
@@ -294,17 +300,16 @@ impl Service {
                 Resolved::Override(l) => {
                     let value = descriptor_value(&request.domain, &d.entries);
                     let make = || override_policy(l);
-                    let (charge, whole) = charge(l, cost);
                     let checked = self
                         .check_dynamic(
                             Dynamic::EnvoyOverride,
                             &l.policy,
                             make,
                             &[(SELECTOR, &value)],
-                            charge,
+                            cost,
                         )
                         .await;
-                    over_whole_limit(l, status_of(l, checked, now)?, whole)
+                    override_status(l, checked, now)?
                 }
             };
             let quota = match r {
@@ -434,8 +439,40 @@ fn status_of(
     })
 }
 
+/// An override's status from its counter: the policy admits everything (its limit is the
+/// largest count), so the decision says how many hits the window holds now, and that is
+/// compared with the request's limit, as envoyproxy/ratelimit compares its counter.
+fn override_status(
+    limited: &Limited,
+    checked: Result<sluice_limiter::Checked, sluice_limiter::Error>,
+    now: u64,
+) -> Result<DescriptorStatus, EnvoyError> {
+    let checked = checked.map_err(|e| EnvoyError::Unavailable(e.to_string()))?;
+    let d = &checked.decision;
+    let counted = d.limit.saturating_sub(d.remaining);
+    let over = !d.allowed() || counted > limited.requests_per_unit;
+    let remaining = if over {
+        0
+    } else {
+        u32::try_from(limited.requests_per_unit - counted).unwrap_or(u32::MAX)
+    };
+    let reset = Duration::from_secs(whole_seconds(d.reset_after));
+    Ok(DescriptorStatus {
+        code: if over { Code::OverLimit } else { Code::Ok },
+        current_limit: Some(current(limited)),
+        limit_remaining: remaining,
+        duration_until_reset: Some(if reset.is_zero() {
+            window_left(limited.span, now)
+        } else {
+            reset
+        }),
+    })
+}
+
+/// The counter behind every override of one unit: a fixed window that admits up to the
+/// largest `requests_per_unit` the protocol can carry, so it only counts.
 fn override_policy(limited: &Limited) -> Policy {
-    let rate = Rate::new(limited.requests_per_unit.max(1), limited.span).expect("checked bounds");
+    let rate = Rate::new(u64::from(u32::MAX), limited.span).expect("within bounds");
     let leaf = Leaf {
         selector: Selector::new([SELECTOR]).expect("a valid name"),
         rate,
