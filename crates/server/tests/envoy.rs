@@ -424,3 +424,60 @@ fn overrides_count_by_descriptor_and_need_a_configured_domain() {
         answers[5]
     );
 }
+
+const TIERS: &str = r#"
+domain: tiers
+descriptors:
+  - key: a
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+  - key: b
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: c
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+"#;
+
+/// `--envoy-headers` sends envoyproxy/ratelimit's `RateLimit-Limit`, `-Remaining` and
+/// `-Reset` for the descriptor it would pick: the last one over its limit, else the first
+/// with the fewest hits remaining.
+#[test]
+fn headers_describe_the_descriptor_envoyproxy_ratelimit_picks() {
+    let server = Server::start_with("", &[("tiers.yaml", TIERS)], |b| b.envoy_headers(true));
+    let request = |entries: &[(&str, &str)]| {
+        let descriptors: Vec<_> = entries
+            .iter()
+            .map(|(k, v)| json!({ "entries": [[k, v]] }))
+            .collect();
+        json!({ "domain": "tiers", "descriptors": descriptors })
+    };
+    let answers = envoy(
+        &server,
+        json!([
+            request(&[("a", "x"), ("b", "x")]),
+            request(&[("b", "x")]),
+            request(&[("c", "x"), ("b", "x")]),
+        ]),
+    );
+    let picked = |answer: &serde_json::Value| {
+        let h = &answer["headers"];
+        let field = |name: &str| {
+            h[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: {h}"))
+                .to_owned()
+        };
+        let reset: i64 = field("RateLimit-Reset").parse().unwrap();
+        let expected = 3600 - answer["now"].as_i64().unwrap() % 3600;
+        assert!(
+            (reset - expected).abs() <= 2,
+            "reset {reset}, expected {expected}"
+        );
+        (field("RateLimit-Limit"), field("RateLimit-Remaining"))
+    };
+    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(picked(&answers[0]), s("2", "1"));
+    assert_eq!(picked(&answers[1]), s("2", "0"));
+    // c is at its limit (remaining 0, OK), b is over: b is the one described.
+    assert_eq!(answers[2]["overall"], "OVER_LIMIT");
+    assert_eq!(picked(&answers[2]), s("2", "0"));
+    assert!(answers[2]["headers"]["X-RateLimit-Limit"].is_string());
+}

@@ -252,6 +252,7 @@ impl Service {
 
         let request_hits = u64::from(request.hits_addend.max(1));
         let mut statuses = Vec::with_capacity(resolved.len());
+        let mut quotas = Vec::with_capacity(resolved.len());
         // Over, for descriptors that are not in quota mode; (all, over) for those that are.
         let (mut over, mut quota_all, mut quota_over) = (false, 0usize, 0usize);
         for (d, r) in request.descriptors.iter().zip(&resolved) {
@@ -319,6 +320,7 @@ impl Service {
                 _ => false,
             };
             let is_over = status.code == Code::OverLimit;
+            quotas.push(quota);
             if quota {
                 quota_all += 1;
                 quota_over += usize::from(is_over);
@@ -335,7 +337,7 @@ impl Service {
             Code::Ok
         };
         let headers = if self.envoy_headers() {
-            headers(&statuses)
+            headers(&statuses, &quotas)
         } else {
             Vec::new()
         };
@@ -484,13 +486,24 @@ fn override_policy(limited: &Limited) -> Policy {
         .count_denied(true)
 }
 
-/// `X-RateLimit-*` and IETF `RateLimit` fields for the most constrained limited descriptor.
-fn headers(statuses: &[DescriptorStatus]) -> Vec<(String, String)> {
-    let Some(tightest) = statuses
+/// The descriptor the headers describe, as envoyproxy/ratelimit picks it: the last one over
+/// its limit outside quota mode, else the first with the fewest hits remaining.
+fn tightest<'s>(statuses: &'s [DescriptorStatus], quotas: &[bool]) -> Option<&'s DescriptorStatus> {
+    let limited = || statuses.iter().filter(|s| s.current_limit.is_some());
+    statuses
         .iter()
-        .filter(|s| s.current_limit.is_some())
-        .min_by_key(|s| s.limit_remaining)
-    else {
+        .zip(quotas)
+        .filter(|(s, quota)| !**quota && s.code == Code::OverLimit && s.current_limit.is_some())
+        .map(|(s, _)| s)
+        .next_back()
+        .or_else(|| limited().min_by_key(|s| s.limit_remaining))
+}
+
+/// envoyproxy/ratelimit's `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`,
+/// then the `X-RateLimit-*` trio and the IETF `RateLimit-Policy`/`RateLimit` fields, for
+/// the most constrained limited descriptor.
+fn headers(statuses: &[DescriptorStatus], quotas: &[bool]) -> Vec<(String, String)> {
+    let Some(tightest) = tightest(statuses, quotas) else {
         return Vec::new();
     };
     let limit = tightest.current_limit.as_ref().expect("filtered");
@@ -499,6 +512,9 @@ fn headers(statuses: &[DescriptorStatus]) -> Vec<(String, String)> {
     let remaining = tightest.limit_remaining;
     let n = limit.requests_per_unit;
     vec![
+        ("RateLimit-Limit".into(), n.to_string()),
+        ("RateLimit-Remaining".into(), remaining.to_string()),
+        ("RateLimit-Reset".into(), reset.to_string()),
         ("X-RateLimit-Limit".into(), format!("{n}, {n};w={window}")),
         ("X-RateLimit-Remaining".into(), remaining.to_string()),
         ("X-RateLimit-Reset".into(), reset.to_string()),
