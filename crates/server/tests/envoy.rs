@@ -481,3 +481,34 @@ fn headers_describe_the_descriptor_envoyproxy_ratelimit_picks() {
     assert_eq!(picked(&answers[2]), s("2", "0"));
     assert!(answers[2]["headers"]["X-RateLimit-Limit"].is_string());
 }
+
+/// `POST /json` answers in proto3 JSON as envoyproxy/ratelimit writes it: a field at its
+/// default value is left out (`limitRemaining` 0, an unnamed limit's `name`), enums are
+/// names, durations are `"<seconds>s"`.
+#[test]
+fn json_answers_leave_out_default_fields_as_proto3_json_does() {
+    let server = Server::start_with("", &[("tiers.yaml", TIERS)], |b| b);
+    let url = format!("{}/json", server.base);
+    let body = r#"{"domain":"tiers","descriptors":[{"entries":[{"key":"c","value":"x"}]},{"entries":[{"key":"none","value":"x"}]}]}"#;
+    let (status, answer) = curl("POST", &url, Some(body));
+    assert_eq!(status, 200, "{answer}");
+    let answer = json(&answer);
+    let limited = &answer["statuses"][0];
+    // c: 1/hour, its only hit taken: remaining 0, left out.
+    assert_eq!(limited["code"], "OK");
+    assert!(limited.get("limitRemaining").is_none(), "{answer}");
+    assert_eq!(
+        limited["currentLimit"],
+        json!({ "requestsPerUnit": 1, "unit": "HOUR" }),
+        "no name: left out"
+    );
+    let reset = limited["durationUntilReset"].as_str().unwrap();
+    assert!(
+        reset.ends_with('s') && reset[..reset.len() - 1].parse::<u64>().is_ok(),
+        "{reset}"
+    );
+    // No limit for `none`: only the code.
+    assert_eq!(answer["statuses"][1], json!({ "code": "OK" }));
+    assert_eq!(answer["overallCode"], "OK");
+    assert!(answer.get("responseHeadersToAdd").is_none());
+}

@@ -1,5 +1,8 @@
 //! envoyproxy/ratelimit's `POST /json`: a `RateLimitRequest` as JSON (protobuf JSON names,
 //! camelCase or snake_case), answered with a `RateLimitResponse` as JSON; 429 when over limit.
+//! The answer is proto3 JSON as envoyproxy/ratelimit writes it: fields at their default
+//! value (0, an empty string, the enum's zero) are left out, enums are names, durations are
+//! `"<seconds>s"`.
 
 use std::sync::Arc;
 
@@ -26,6 +29,7 @@ struct JsonResponse<'a> {
 #[serde(rename_all = "camelCase")]
 struct JsonStatus<'a> {
     code: &'static str,
+    #[serde(skip_serializing_if = "is_zero")]
     limit_remaining: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     current_limit: Option<JsonLimitOut<'a>>,
@@ -36,9 +40,22 @@ struct JsonStatus<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonLimitOut<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
     name: &'a str,
+    #[serde(skip_serializing_if = "is_zero")]
     requests_per_unit: u32,
+    #[serde(skip_serializing_if = "is_unknown")]
     unit: &'static str,
+}
+
+/// proto3 JSON leaves out a number at its default.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// proto3 JSON leaves out an enum at its zero value (`UNKNOWN` for the unit).
+fn is_unknown(unit: &&'static str) -> bool {
+    *unit == "UNKNOWN"
 }
 
 #[derive(Serialize)]
