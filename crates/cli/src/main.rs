@@ -13,7 +13,7 @@ use sluice_cli::simulate;
 use sluice_core::{Algorithm, Rule};
 use sluice_limiter::{Limiter, MemoryStore, Policy};
 use sluice_server::decision_json;
-use sluice_server::{Server, config};
+use sluice_server::{EnvoyModes, Server, config};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Distributed rate limiting")]
@@ -44,9 +44,18 @@ enum Command {
         /// A directory of envoyproxy/ratelimit YAML files (one domain each).
         #[arg(long, value_name = "DIR")]
         envoy_config: Option<PathBuf>,
-        /// Add X-RateLimit-* and RateLimit headers to Envoy answers.
+        /// Add RateLimit-*, X-RateLimit-* and RateLimit headers to Envoy answers
+        /// (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
         #[arg(long)]
         envoy_headers: bool,
+        /// Answer every Envoy request OK, even over the limit; statuses still say who is
+        /// over (envoyproxy/ratelimit's SHADOW_MODE).
+        #[arg(long)]
+        envoy_shadow_mode: bool,
+        /// Put every Envoy descriptor in quota mode: a request is over only when all its
+        /// descriptors are (envoyproxy/ratelimit's QUOTA_MODE).
+        #[arg(long)]
+        envoy_quota_mode: bool,
         /// Logs on stderr as text or as one JSON object per line.
         #[arg(long, default_value = "text", value_parser = ["text", "json"])]
         log_format: String,
@@ -94,6 +103,8 @@ fn main() -> ExitCode {
             resp_listen,
             envoy_config,
             envoy_headers,
+            envoy_shadow_mode,
+            envoy_quota_mode,
             log_format,
         } => serve(Listeners {
             config,
@@ -102,7 +113,11 @@ fn main() -> ExitCode {
             grpc_listen,
             resp_listen,
             envoy_config,
-            envoy_headers,
+            envoy_modes: EnvoyModes {
+                headers: envoy_headers,
+                shadow: envoy_shadow_mode,
+                quota: envoy_quota_mode,
+            },
             json_logs: log_format == "json",
         }),
         Command::Check {
@@ -225,7 +240,7 @@ struct Listeners {
     grpc_listen: Option<SocketAddr>,
     resp_listen: Option<SocketAddr>,
     envoy_config: Option<PathBuf>,
-    envoy_headers: bool,
+    envoy_modes: EnvoyModes,
     json_logs: bool,
 }
 
@@ -253,7 +268,7 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
     let mut builder = Server::builder()
         .http(args.listen)
         .store_url(args.store)
-        .envoy_headers(args.envoy_headers)
+        .envoy_modes(args.envoy_modes)
         .reload_on_hangup(true);
     if let Some(path) = args.config {
         builder = builder.policies_file(path);

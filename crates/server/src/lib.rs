@@ -64,5 +64,5 @@ pub use http::decision_json;
 pub use listener::Limits;
 pub use metrics::Metrics;
 pub use serve::{ServeError, Server, ServerBuilder};
-pub use service::{Dynamic, MAX_DYNAMIC_POLICIES, Service, ServiceBuilder};
+pub use service::{Dynamic, EnvoyModes, MAX_DYNAMIC_POLICIES, Service, ServiceBuilder};
 pub use store_url::open as open_store;

@@ -65,7 +65,7 @@ pub struct ServerBuilder {
     http: SocketAddr,
     grpc: Option<SocketAddr>,
     resp: Option<SocketAddr>,
-    envoy_headers: bool,
+    envoy_modes: crate::EnvoyModes,
     http_limits: Option<Limits>,
     grpc_limits: Option<Limits>,
     resp_limits: Option<Limits>,
@@ -117,9 +117,15 @@ impl ServerBuilder {
         self
     }
 
-    /// Add `X-RateLimit-*` and `RateLimit` headers to Envoy answers.
+    /// Add `RateLimit-*`, `X-RateLimit-*` and `RateLimit` headers to Envoy answers.
     pub fn envoy_headers(mut self, on: bool) -> Self {
-        self.envoy_headers = on;
+        self.envoy_modes.headers = on;
+        self
+    }
+
+    /// Every Envoy answer setting at once (headers, global shadow and quota modes).
+    pub fn envoy_modes(mut self, modes: crate::EnvoyModes) -> Self {
+        self.envoy_modes = modes;
         self
     }
 
@@ -172,7 +178,7 @@ impl ServerBuilder {
         let service = Arc::new(
             Service::builder(Arc::new(limiter.build()?))
                 .envoy(envoy)
-                .envoy_headers(self.envoy_headers)
+                .envoy_modes(self.envoy_modes)
                 .build(),
         );
         let metrics = service.metrics();
@@ -268,7 +274,7 @@ impl Server {
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc: None,
             resp: None,
-            envoy_headers: false,
+            envoy_modes: crate::EnvoyModes::default(),
             http_limits: None,
             grpc_limits: None,
             resp_limits: None,

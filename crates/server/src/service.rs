@@ -46,14 +46,26 @@ pub struct Service {
     envoy: RwLock<Arc<EnvoyConfig>>,
     metrics: Metrics,
     ready: AtomicBool,
-    envoy_headers: bool,
+    envoy_modes: EnvoyModes,
+}
+
+/// How Envoy requests are answered beyond their config, as envoyproxy/ratelimit's runtime
+/// settings say (`LIMIT_RESPONSE_HEADERS_ENABLED`, `SHADOW_MODE`, `QUOTA_MODE`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnvoyModes {
+    /// Add `RateLimit-*`, `X-RateLimit-*` and IETF `RateLimit` headers to the answers.
+    pub headers: bool,
+    /// Answer OK where the answer would be OVER_LIMIT (statuses still say who is over).
+    pub shadow: bool,
+    /// Every descriptor with a limit, or with none, is in quota mode.
+    pub quota: bool,
 }
 
 /// Configures a [`Service`].
 pub struct ServiceBuilder {
     limiter: Arc<Limiter>,
     envoy: EnvoyConfig,
-    envoy_headers: bool,
+    envoy_modes: EnvoyModes,
 }
 
 impl ServiceBuilder {
@@ -64,9 +76,15 @@ impl ServiceBuilder {
         self
     }
 
-    /// Add `X-RateLimit-*` and `RateLimit` headers to Envoy answers.
+    /// Add `RateLimit-*`, `X-RateLimit-*` and `RateLimit` headers to Envoy answers.
     pub fn envoy_headers(mut self, on: bool) -> Self {
-        self.envoy_headers = on;
+        self.envoy_modes.headers = on;
+        self
+    }
+
+    /// Every answer setting at once.
+    pub fn envoy_modes(mut self, modes: EnvoyModes) -> Self {
+        self.envoy_modes = modes;
         self
     }
 
@@ -88,7 +106,7 @@ impl ServiceBuilder {
             envoy: RwLock::new(Arc::new(self.envoy)),
             metrics,
             ready: AtomicBool::new(false),
-            envoy_headers: self.envoy_headers,
+            envoy_modes: self.envoy_modes,
         }
     }
 }
@@ -99,7 +117,7 @@ impl Service {
         ServiceBuilder {
             limiter,
             envoy: EnvoyConfig::default(),
-            envoy_headers: false,
+            envoy_modes: EnvoyModes::default(),
         }
     }
 
@@ -114,7 +132,12 @@ impl Service {
 
     /// Whether Envoy answers carry rate limit headers.
     pub fn envoy_headers(&self) -> bool {
-        self.envoy_headers
+        self.envoy_modes.headers
+    }
+
+    /// How Envoy requests are answered beyond their config.
+    pub fn envoy_modes(&self) -> EnvoyModes {
+        self.envoy_modes
     }
 
     pub fn envoy(&self) -> Arc<EnvoyConfig> {

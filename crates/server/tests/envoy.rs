@@ -512,3 +512,53 @@ fn json_answers_leave_out_default_fields_as_proto3_json_does() {
     assert_eq!(answer["overallCode"], "OK");
     assert!(answer.get("responseHeadersToAdd").is_none());
 }
+
+/// envoyproxy/ratelimit's global `SHADOW_MODE` and `QUOTA_MODE` settings, as
+/// `--envoy-shadow-mode` and `--envoy-quota-mode`: shadow answers OK whatever is over (the
+/// statuses still say who is); quota puts every descriptor in quota mode, those without a
+/// limit too, so a request is over only when all of them are.
+#[test]
+fn global_shadow_and_quota_modes() {
+    let tiers = |modes: sluice_server::EnvoyModes| {
+        Server::start_with("", &[("tiers.yaml", TIERS)], move |b| b.envoy_modes(modes))
+    };
+    let request = |entries: &[(&str, &str)]| {
+        let descriptors: Vec<_> = entries
+            .iter()
+            .map(|(k, v)| json!({ "entries": [[k, v]] }))
+            .collect();
+        json!({ "domain": "tiers", "descriptors": descriptors })
+    };
+    let overall = |answers: &[serde_json::Value]| -> Vec<String> {
+        answers
+            .iter()
+            .map(|a| a["overall"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let shadow = tiers(sluice_server::EnvoyModes {
+        shadow: true,
+        ..Default::default()
+    });
+    let answers = envoy(
+        &shadow,
+        json!([request(&[("c", "x")]), request(&[("c", "x")])]),
+    );
+    assert_eq!(overall(&answers), ["OK", "OK"]);
+    assert_eq!(answers[1]["statuses"][0]["code"], "OVER_LIMIT");
+
+    let quota = tiers(sluice_server::EnvoyModes {
+        quota: true,
+        ..Default::default()
+    });
+    let answers = envoy(
+        &quota,
+        json!([
+            request(&[("c", "x")]),
+            // c over, a descriptor without a limit OK: not all over.
+            request(&[("c", "x"), ("none", "x")]),
+            // c over alone: all over.
+            request(&[("c", "x")]),
+        ]),
+    );
+    assert_eq!(overall(&answers), ["OK", "OK", "OVER_LIMIT"]);
+}

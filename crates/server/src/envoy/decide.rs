@@ -199,6 +199,7 @@ impl Service {
         // The limiter's clock: the same time its decisions are made on, and a test's to drive.
         let now = self.limiter().clock().now();
         let config = self.envoy();
+        let modes = self.envoy_modes();
         let mut resolved = Vec::with_capacity(request.descriptors.len());
         for d in &request.descriptors {
             // As envoyproxy/ratelimit: an override in a domain with no config is ignored.
@@ -313,7 +314,11 @@ impl Service {
                     override_status(l, checked, now)?
                 }
             };
+            // As envoyproxy/ratelimit: global quota mode puts every descriptor but the
+            // unlimited ones in quota mode, those without a limit too.
             let quota = match r {
+                Resolved::Config(Limit::Unlimited, _) => false,
+                _ if modes.quota => true,
                 Resolved::Config(Limit::Limited(l) | Limit::Blocked(l), _) => {
                     l.quota && !l.name.as_deref().is_some_and(|n| replaced.contains(n))
                 }
@@ -331,12 +336,14 @@ impl Service {
         }
         // As envoyproxy/ratelimit: OVER_LIMIT when any descriptor outside quota mode is over,
         // or when every quota descriptor is.
-        let overall_code = if over || (quota_all > 0 && quota_over == quota_all) {
+        // Global shadow mode: never OVER_LIMIT overall (the statuses still say who is over).
+        let overall_code = if (over || (quota_all > 0 && quota_over == quota_all)) && !modes.shadow
+        {
             Code::OverLimit
         } else {
             Code::Ok
         };
-        let headers = if self.envoy_headers() {
+        let headers = if modes.headers {
             headers(&statuses, &quotas)
         } else {
             Vec::new()
