@@ -667,4 +667,49 @@ descriptors:
         let ok = yaml.replace("value: v", "value: v*");
         assert!(parse([(Path::new("s.yaml"), ok.as_str())]).is_ok());
     }
+
+    /// The configs envoyproxy/ratelimit's own config tests refuse are refused here too
+    /// (duplicate domain, duplicate key, empty domain, empty key, a bad unit, an unknown
+    /// key), and its units mean what they mean there.
+    #[test]
+    fn refuses_what_envoyproxy_ratelimit_refuses() {
+        let one = |text: &str| parse([(Path::new("c.yaml"), text)]);
+        let two = |a: &str, b: &str| parse([(Path::new("a.yaml"), a), (Path::new("b.yaml"), b)]);
+        let limited = "  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n";
+        let file = format!("domain: d\ndescriptors:\n{limited}");
+        assert!(one(&file).is_ok());
+        assert!(
+            two(&file, &file)
+                .unwrap_err()
+                .message
+                .contains("defined twice")
+        );
+        assert!(one(&format!("domain: d\ndescriptors:\n{limited}{limited}")).is_err());
+        assert!(one(&format!("domain: \"\"\ndescriptors:\n{limited}")).is_err());
+        assert!(one(&file.replace("key: k", "key: \"\"")).is_err());
+        assert!(one(&file.replace("unit: hour", "unit: fortnight")).is_err());
+        assert!(one(&file.replace("rate_limit:", "ratelimit:")).is_err());
+        for (unit, seconds) in [
+            ("second", 1),
+            ("minute", 60),
+            ("hour", 3_600),
+            ("day", 86_400),
+            ("week", 7 * 86_400),
+            ("month", 30 * 86_400),
+            ("year", 365 * 86_400),
+        ] {
+            assert_eq!(
+                parse_unit(unit).unwrap().duration().as_secs(),
+                seconds,
+                "{unit}"
+            );
+            assert_eq!(
+                parse_unit(&unit.to_uppercase())
+                    .unwrap()
+                    .duration()
+                    .as_secs(),
+                seconds
+            );
+        }
+    }
 }
