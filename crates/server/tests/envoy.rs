@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::json;
 use sluice_testkit::http::{curl, json};
-use support::{ENVOY, Server, envoy, one, summary};
+use support::{ENVOY, Server, envoy, one, request, summary};
 
 #[test]
 fn grpc_answers_like_envoyproxy_ratelimit() {
@@ -251,13 +251,7 @@ descriptors:
 #[test]
 fn quota_descriptors_deny_only_when_all_are_over() {
     let server = Server::start_with("", &[("quotas.yaml", QUOTAS)], |b| b);
-    let request = |entries: &[(&str, &str)]| {
-        let descriptors: Vec<_> = entries
-            .iter()
-            .map(|(k, v)| json!({ "entries": [[k, v]] }))
-            .collect();
-        json!({ "domain": "quotas", "descriptors": descriptors })
-    };
+    let request = |entries: &[(&str, &str)]| request("quotas", entries);
     let codes = |answer: &serde_json::Value| -> (String, Vec<String>) {
         let statuses = answer["statuses"].as_array().unwrap();
         (
@@ -442,13 +436,7 @@ descriptors:
 #[test]
 fn headers_describe_the_descriptor_envoyproxy_ratelimit_picks() {
     let server = Server::start_with("", &[("tiers.yaml", TIERS)], |b| b.envoy_headers(true));
-    let request = |entries: &[(&str, &str)]| {
-        let descriptors: Vec<_> = entries
-            .iter()
-            .map(|(k, v)| json!({ "entries": [[k, v]] }))
-            .collect();
-        json!({ "domain": "tiers", "descriptors": descriptors })
-    };
+    let request = |entries: &[(&str, &str)]| request("tiers", entries);
     let answers = envoy(
         &server,
         json!([
@@ -522,13 +510,7 @@ fn global_shadow_and_quota_modes() {
     let tiers = |modes: sluice_server::EnvoyModes| {
         Server::start_with("", &[("tiers.yaml", TIERS)], move |b| b.envoy_modes(modes))
     };
-    let request = |entries: &[(&str, &str)]| {
-        let descriptors: Vec<_> = entries
-            .iter()
-            .map(|(k, v)| json!({ "entries": [[k, v]] }))
-            .collect();
-        json!({ "domain": "tiers", "descriptors": descriptors })
-    };
+    let request = |entries: &[(&str, &str)]| request("tiers", entries);
     let overall = |answers: &[serde_json::Value]| -> Vec<String> {
         answers
             .iter()

@@ -434,9 +434,20 @@ fn status_of(
     } else {
         u32::try_from(d.remaining).unwrap_or(u32::MAX)
     };
-    // Whole seconds, rounded up, as envoyproxy/ratelimit reports its windows.
-    let reset = Duration::from_secs(whole_seconds(d.reset_after));
-    Ok(DescriptorStatus {
+    Ok(limited_status(limited, over, remaining, d.reset_after, now))
+}
+
+/// A limited descriptor's status; the reset in whole seconds, rounded up, as
+/// envoyproxy/ratelimit reports its windows (the window's end when the decision says none).
+fn limited_status(
+    limited: &Limited,
+    over: bool,
+    remaining: u32,
+    reset_after: Duration,
+    now: u64,
+) -> DescriptorStatus {
+    let reset = Duration::from_secs(whole_seconds(reset_after));
+    DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok },
         current_limit: Some(current(limited)),
         limit_remaining: remaining,
@@ -445,7 +456,7 @@ fn status_of(
         } else {
             reset
         }),
-    })
+    }
 }
 
 /// An override's status from its counter: the policy admits everything (its limit is the
@@ -465,17 +476,7 @@ fn override_status(
     } else {
         u32::try_from(limited.requests_per_unit - counted).unwrap_or(u32::MAX)
     };
-    let reset = Duration::from_secs(whole_seconds(d.reset_after));
-    Ok(DescriptorStatus {
-        code: if over { Code::OverLimit } else { Code::Ok },
-        current_limit: Some(current(limited)),
-        limit_remaining: remaining,
-        duration_until_reset: Some(if reset.is_zero() {
-            window_left(limited.span, now)
-        } else {
-            reset
-        }),
-    })
+    Ok(limited_status(limited, over, remaining, d.reset_after, now))
 }
 
 /// The counter behind every override of one unit: a fixed window that admits up to the

@@ -219,3 +219,12 @@ pub fn summary(answer: &Value) -> (String, u64) {
         status["remaining"].as_u64().unwrap(),
     )
 }
+
+/// A request of `domain` with one descriptor of one entry per `(key, value)`.
+pub fn request(domain: &str, entries: &[(&str, &str)]) -> Value {
+    let descriptors: Vec<Value> = entries
+        .iter()
+        .map(|(k, v)| json!({ "entries": [[k, v]] }))
+        .collect();
+    json!({ "domain": domain, "descriptors": descriptors })
+}
