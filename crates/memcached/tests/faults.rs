@@ -2,7 +2,7 @@
 //! contention beyond the retries, and identifiers memcached cannot take as keys.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
@@ -12,7 +12,6 @@ use sluice_testkit::MemcachedServer;
 use sluice_testkit::load::{
     assert_failure_modes, checks, failure_policies, until_the_store_answers,
 };
-use sluice_testkit::logs::Captured;
 use tokio::task::JoinSet;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -257,40 +256,4 @@ async fn evicted_counters_let_clients_through_and_are_counted() {
     // it is not blocked.
     let d = hit(&store, first, five, 1, false).await.unwrap();
     assert!(d.allowed(), "{d:?}");
-}
-
-/// A server that goes down is logged once, however many calls find it down (and however
-/// often it is tried again and still fails), and its return once.
-#[tokio::test(flavor = "current_thread")]
-async fn a_server_down_and_back_is_logged_once_each() {
-    let (captured, _guard) = Captured::start();
-
-    let mut memcached = MemcachedServer::start().expect("memcached");
-    let store = store_with(&memcached.url(), TIMEOUT, Duration::from_millis(20)).await;
-    let q = quota(Algorithm::SlidingWindow);
-    assert!(hit(&store, "user:a", q, 1, false).await.is_ok());
-    memcached.kill();
-    for _ in 0..50 {
-        assert!(hit(&store, "user:a", q, 1, false).await.is_err());
-        // Past the skip time, so the dead server is tried (and marked down) again.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(
-        store.stats().servers_marked_down >= 2,
-        "tried again and again"
-    );
-    assert_eq!(captured.lines_with("memcached server marked down"), 1);
-    assert_eq!(captured.lines_with("answers again"), 0);
-
-    memcached.restart().expect("restart memcached");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while hit(&store, "user:a", q, 1, false).await.is_err() {
-        assert!(Instant::now() < deadline, "memcached did not come back");
-        tokio::time::sleep(Duration::from_millis(20)).await; // waiting on a real restart
-    }
-    for _ in 0..20 {
-        assert!(hit(&store, "user:a", q, 1, false).await.is_ok());
-    }
-    assert_eq!(captured.lines_with("answers again"), 1);
-    assert_eq!(captured.lines_with("memcached server marked down"), 1);
 }

@@ -2,7 +2,8 @@
 //! ports and stopped by PID ([`redis`], [`memcached`]), the load loops the stores' fault
 //! tests share ([`load`]), the throughput rounds of their benchmarks ([`bench`](mod@bench)), the shared
 //! test vectors' codec ([`vectors`]), an HTTP client for the service's tests ([`http`]), and
-//! a capture of what the code logs ([`logs`]). A store added later adds one module
+//! a capture of what the code logs ([`logs`]), and a TCP proxy that injects faults between
+//! the code and a store ([`proxy`]). A store added later adds one module
 //! here for its server.
 //!
 //! The servers need their programs on `PATH` (`redis-server`, `redis-cli`, `memcached`);
@@ -16,6 +17,7 @@ pub mod load;
 pub mod logs;
 pub mod memcached;
 mod process;
+pub mod proxy;
 pub mod redis;
 pub mod vectors;
 
