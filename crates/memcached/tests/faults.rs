@@ -12,6 +12,7 @@ use sluice_testkit::MemcachedServer;
 use sluice_testkit::load::{
     assert_failure_modes, checks, failure_policies, until_the_store_answers,
 };
+use sluice_testkit::proxy::{Fault, FaultProxy};
 use tokio::task::JoinSet;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -256,4 +257,49 @@ async fn evicted_counters_let_clients_through_and_are_counted() {
     // it is not blocked.
     let d = hit(&store, first, five, 1, false).await.unwrap();
     assert!(d.allowed(), "{d:?}");
+}
+
+/// memcached behind a fault proxy: black-holed, then reset, each policy answers by its
+/// failure mode within the store's timeout; once the fault clears, decisions come from
+/// memcached again within 2 s (past the 300 ms a failed server is skipped); latency under
+/// the timeout changes only the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_on_the_wire_follow_the_failure_mode_and_heal() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    let upstream = memcached.address().parse().unwrap();
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let url = format!("memcached://{}", proxy.address());
+    let limiter_on = |url: String| async move {
+        let store = store_with(&url, TIMEOUT, Duration::from_millis(300)).await;
+        Arc::new(
+            Limiter::builder(store)
+                .policies(failure_policies("algorithm=sliding-window"))
+                .build()
+                .unwrap(),
+        )
+    };
+    let bound = TIMEOUT + Duration::from_millis(800);
+    for fault in [Fault::BlackHole, Fault::Reset] {
+        // A limiter of its own per fault: the local failure mode keeps its own counts.
+        let limiter = limiter_on(url.clone()).await;
+        assert!(
+            checks(&limiter, "closed", "a", 4, 5)
+                .await
+                .iter()
+                .all(|(c, _)| c.without_store.is_none())
+        );
+        proxy.set(fault);
+        assert_failure_modes(&limiter, bound).await;
+        proxy.set(Fault::None);
+        until_the_store_answers(&limiter, Duration::from_secs(2)).await;
+    }
+    let limiter = limiter_on(url).await;
+    proxy.set(Fault::Latency(Duration::from_millis(20)));
+    for (checked, took) in checks(&limiter, "closed", "d", 4, 5).await {
+        assert!(checked.without_store.is_none(), "{checked:?}");
+        assert!(
+            took >= Duration::from_millis(20) && took < bound,
+            "{took:?}"
+        );
+    }
 }
