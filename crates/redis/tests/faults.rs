@@ -213,3 +213,42 @@ async fn faults_on_the_wire_follow_the_failure_mode_and_heal() {
         );
     }
 }
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Connections reset again and again leak nothing: after 20 resets, each followed by the
+/// store answering again (each takes the client's reconnect backoff, about 0.5 s here), this process holds no more file descriptors than before (within
+/// a few the runtime may cache) and the proxy no more connections than one limiter needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_resets_leak_no_connection() {
+    let redis = RedisServer::start().expect("redis-server");
+    let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let limiter = limiter(
+        &format!("redis://{}", proxy.address()),
+        failure_policies(""),
+    )
+    .await;
+    until_the_store_answers(&limiter, Duration::from_secs(2)).await;
+    let before = open_fds();
+    for _ in 0..20 {
+        proxy.set(Fault::Reset);
+        let checked = limiter.check("closed", &[("user", "r")], 1).await.unwrap();
+        assert!(checked.without_store.is_some() || checked.decision.allowed());
+        proxy.set(Fault::None);
+        until_the_store_answers(&limiter, Duration::from_secs(2)).await;
+    }
+    let after = open_fds();
+    assert!(
+        after <= before + 4,
+        "{before} file descriptors before, {after} after"
+    );
+    assert!(
+        proxy.connections() <= 2,
+        "{} connections",
+        proxy.connections()
+    );
+}
