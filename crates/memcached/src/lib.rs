@@ -107,3 +107,13 @@ pub use store::{
     MemcachedStoreBuilder,
 };
 pub use value::MAX_LOG_LIMIT;
+
+/// The readers of what a memcached server and a user send, for the fuzz targets in `fuzz/`
+/// only: not an API, no stability promised.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::protocol::{Expect, Reply, parse as reply};
+    pub use crate::url::parse as url;
+    pub use crate::value::{Stored, decode as value, encode_penalty, encode_state};
+}

@@ -34,3 +34,11 @@ mod url;
 pub use error::RedisError;
 pub use store::{DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder, one_slot};
 pub use url::redact as redact_url;
+
+/// The store URL reader, for the fuzz targets in `fuzz/` only: not an API, no stability
+/// promised.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::url::parse_url as url;
+}

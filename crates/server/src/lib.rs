@@ -66,3 +66,13 @@ pub use metrics::Metrics;
 pub use serve::{ServeError, Server, ServerBuilder};
 pub use service::{Dynamic, EnvoyModes, MAX_DYNAMIC_POLICIES, Service, ServiceBuilder};
 pub use store_url::open as open_store;
+
+/// The parsers behind the listeners, for the fuzz targets in `fuzz/` only: not an API, no
+/// stability promised.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::http::router as http_router;
+    pub use crate::resp::command::{After, run as resp_command};
+    pub use crate::resp::frame::{MAX_ARGS, MAX_BULK, Parsed, parse as resp_frame};
+}
