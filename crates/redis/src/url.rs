@@ -85,19 +85,34 @@ pub fn parse(url: &str) -> Result<Target, RedisError> {
 
 /// The URL with any password replaced, for messages and logs.
 pub fn redact(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, rest)), Some(_)) => {
-            let (auth, hosts) = rest.rsplit_once('@').expect("has @");
+    // The `@` that ends the credentials is the last one after the scheme; one before it (in
+    // a malformed scheme) is not.
+    match url
+        .split_once("://")
+        .and_then(|(scheme, rest)| Some((scheme, rest.rsplit_once('@')?)))
+    {
+        Some((scheme, (auth, hosts))) => {
             let user = auth.split(':').next().unwrap_or("");
             format!("{scheme}://{user}:***@{hosts}")
         }
-        _ => url.to_owned(),
+        None => url.to_owned(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `store_url` fuzz target: an `@` before `://` made this panic, so a typo
+    /// in `--store` crashed `sluice serve` instead of saying what was wrong.
+    #[test]
+    fn redacts_any_text() {
+        assert_eq!(redact("r@dis://a:1"), "r@dis://a:1");
+        assert_eq!(redact("r@dis://u:pw@a:1"), "r@dis://u:***@a:1");
+        assert_eq!(redact("redis://u:p@ss@a:1"), "redis://u:***@a:1");
+        assert_eq!(redact("no scheme@all"), "no scheme@all");
+        assert!(parse_url("r@dis://058-1,1-0;8757+1").is_err());
+    }
 
     #[test]
     fn reads_urls() {
