@@ -129,11 +129,15 @@ pub enum Reply {
 /// `None` while the line is incomplete.
 fn line(buf: &[u8], at: usize) -> Result<Option<(&[u8], usize)>, ProtocolError> {
     let rest = &buf[at..];
+    // Judged by the first LF alone, so a reply reads the same however the stream is split:
+    // a line is at most MAX_LINE bytes, then CR LF.
     let window = &rest[..rest.len().min(MAX_LINE + 2)];
-    match window.windows(2).position(|w| w == b"\r\n") {
-        Some(end) => Ok(Some((&rest[..end], at + end + 2))),
-        None if rest.len() > MAX_LINE => Err(bad("reply line longer than 4096 bytes")),
-        None if rest.contains(&b'\n') => Err(bad("reply line ends in a bare LF")),
+    match window.iter().position(|&b| b == b'\n') {
+        Some(end) if end > 0 && window[end - 1] == b'\r' => {
+            Ok(Some((&rest[..end - 1], at + end + 1)))
+        }
+        Some(_) => Err(bad("reply line ends in a bare LF")),
+        None if window.len() == MAX_LINE + 2 => Err(bad("reply line longer than 4096 bytes")),
         None => Ok(None),
     }
 }
@@ -409,8 +413,41 @@ mod tests {
                 String::from_utf8_lossy(reply)
             );
         }
-        let endless = vec![b'x'; MAX_LINE + 1];
+        let endless = vec![b'x'; MAX_LINE + 2];
         assert!(parse(&endless, Expect::Stored).is_err());
+    }
+
+    /// Found by the `memcached_reply` fuzz target: a bare LF inside a line was refused or
+    /// accepted depending on whether the line's CR LF had arrived yet, and a line of exactly
+    /// MAX_LINE bytes was refused while its CR was the last byte read.
+    #[test]
+    fn reads_the_same_however_the_stream_is_split() {
+        let mut longest = vec![b'7'; MAX_LINE];
+        longest.extend_from_slice(b"\r\n");
+        let streams: &[(&[u8], Expect)] = &[
+            (b"DELETED\r\nCLIENT_ERROR bad-\nERROR\r\n", Expect::Deleted),
+            (b"DELETED-\nCLIENT_ERROR bad\r\n", Expect::Deleted),
+            (b"STORED\r\r\n", Expect::Stored),
+            (&longest, Expect::Version),
+        ];
+        for (stream, expect) in streams {
+            let whole = parse(stream, *expect);
+            for at in 0..stream.len() {
+                let part = parse(&stream[..at], *expect);
+                assert!(
+                    part == Ok(None) || part == whole,
+                    "{at} bytes of {:?}: {part:?}, whole: {whole:?}",
+                    String::from_utf8_lossy(stream)
+                );
+            }
+        }
+        assert!(
+            parse(
+                b"DELETED\r\nCLIENT_ERROR bad-\nERROR\r\n"[9..].as_ref(),
+                Expect::Deleted
+            )
+            .is_err()
+        );
     }
 
     #[test]
