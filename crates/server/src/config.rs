@@ -116,7 +116,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     };
     let raw: RawConfig = toml::from_str(text).map_err(|e| {
         let offset = e.span().map_or(0, |s| s.start);
-        at(offset, String::new(), e.message().to_owned())
+        // toml leaves the message empty for some syntax errors (a key with no value at the
+        // end of the file): the line and column still need a reason beside them.
+        let message = match e.message().trim() {
+            "" => "not valid TOML at this point".to_owned(),
+            m => m.to_owned(),
+        };
+        at(offset, String::new(), message)
     })?;
 
     let mut policies = Vec::new();
@@ -241,6 +247,16 @@ mod tests {
 
     fn error(text: &str) -> ConfigError {
         parse(Path::new("test.toml"), text).unwrap_err()
+    }
+
+    /// Found by the `config` fuzz target: toml reports some syntax errors with an empty
+    /// message, which left the user with only a line and column.
+    #[test]
+    fn every_syntax_error_says_what_is_wrong() {
+        for text in ["lllllTlle=", "rule = `", "a=\n", "[policies.x]\nrule ="] {
+            let e = error(text);
+            assert!(!e.message.is_empty(), "{text:?}: {e}");
+        }
     }
 
     #[test]
