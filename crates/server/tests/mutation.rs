@@ -167,7 +167,7 @@ fn resp_reply(stream: &mut TcpStream) -> String {
 fn a_hundred_thousand_mutated_frames_per_protocol_then_exact_answers() {
     count_panics();
     let server = Server::start_with(POLICIES, &[("web.yaml", ENVOY)], |b| b);
-    let mut mutator = Mutator(0x5eed_0f_51_u64);
+    let mut mutator = Mutator(0x5eed_0f51_u64);
 
     // The Redis protocol.
     let resp_seeds = vec![
