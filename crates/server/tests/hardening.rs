@@ -12,16 +12,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_testkit::http::curl;
+use sluice_testkit::http::{Http1, connect, p99, resident_bytes, timings};
 use support::Server;
-
-fn connect(address: &str) -> TcpStream {
-    let address = address.trim_start_matches("http://");
-    let stream = TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(9)))
-        .unwrap();
-    stream
-}
 
 /// Reads until the server closes the connection; returns what it sent.
 fn until_closed(stream: &mut TcpStream) -> String {
@@ -104,67 +96,6 @@ fn a_body_announced_too_large_is_refused_at_once() {
     );
 }
 
-/// A keep-alive HTTP/1.1 client on one connection: just enough to send many requests fast.
-struct Http1 {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Http1 {
-    fn connect(base: &str) -> Http1 {
-        Http1 {
-            stream: connect(base),
-            buf: Vec::new(),
-        }
-    }
-
-    /// Sends one request and reads its answer: (status, body).
-    fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        // One write: a head and a body written apart wait out delayed ACKs.
-        self.stream.write_all((head + body).as_bytes()).unwrap();
-        let end = loop {
-            if let Some(at) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at + 4;
-            }
-            self.fill();
-        };
-        let head = String::from_utf8_lossy(&self.buf[..end]).to_lowercase();
-        let status = head[9..12].parse().unwrap();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map_or(0, |n| n.trim().parse().unwrap());
-        while self.buf.len() < end + length {
-            self.fill();
-        }
-        let body = String::from_utf8_lossy(&self.buf[end..end + length]).into_owned();
-        self.buf.drain(..end + length);
-        (status, body)
-    }
-
-    fn fill(&mut self) {
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.stream.read(&mut chunk).unwrap();
-        assert!(n > 0, "the server closed a good client's connection");
-        self.buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// Resident memory of this process (the service runs in it).
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
 /// The metrics text with the counts blanked out: the series it holds.
 fn series(metrics: &str) -> Vec<String> {
     metrics
@@ -188,7 +119,7 @@ fn unknown_policy_names_grow_neither_memory_nor_metrics() {
         let body = format!(r#"{{"policy":"{}","selectors":{{}}}}"#, name(i));
         assert_eq!(http.request("POST", "/v1/check", &body).0, 404);
     }
-    let resident = resident_bytes();
+    let resident = resident_bytes(std::process::id());
     for i in 0..4_000 {
         let body = format!(r#"{{"policy":"{}","selectors":{{}}}}"#, name(i));
         let (status, answer) = http.request("POST", "/v1/check", &body);
@@ -210,7 +141,7 @@ fn unknown_policy_names_grow_neither_memory_nor_metrics() {
         let n = resp.read(&mut reply).unwrap();
         assert!(reply[..n].starts_with(b"-ERR unknown policy"), "{i}");
     }
-    let grown = resident_bytes().saturating_sub(resident);
+    let grown = resident_bytes(std::process::id()).saturating_sub(resident);
     assert!(grown < 32 << 20, "grew by {} MiB", grown >> 20);
     let (_, after) = http.request("GET", "/metrics", "");
     assert_eq!(series(&after), series(&before));
@@ -224,23 +155,6 @@ fn unknown_policy_names_grow_neither_memory_nor_metrics() {
 /// Raises this process's soft limit on open files to the hard one; the limit it got.
 fn raise_file_limit() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap()
-}
-
-/// Milliseconds of each of `n` requests made by `request`, sorted.
-fn timings(n: usize, mut request: impl FnMut()) -> Vec<f64> {
-    let mut all: Vec<f64> = (0..n)
-        .map(|_| {
-            let started = Instant::now();
-            request();
-            started.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    all.sort_by(f64::total_cmp);
-    all
-}
-
-fn p99(sorted: &[f64]) -> f64 {
-    sorted[sorted.len() * 99 / 100]
 }
 
 fn resp_ping(stream: &mut TcpStream) {

@@ -3,11 +3,10 @@
 
 #![allow(dead_code)] // each test file uses its own part of the harness
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-
-use std::io::Write;
 
 use serde_json::{Value, json};
 use sluice_server::reload::Sources;
