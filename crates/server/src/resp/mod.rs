@@ -41,10 +41,15 @@ pub(crate) async fn serve(
     }
 }
 
+/// Bytes read at once while a command is incomplete or commands are pipelined.
+const READ_SIZE: usize = 16 * 1024;
+/// Buffers grown past this by a burst are given back once the connection is idle again, so
+/// ten thousand idle clients hold only what their last commands needed.
+const KEEP_WHEN_IDLE: usize = 4 * 1024;
+
 async fn connection(mut stream: Connection, service: &Service) {
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let mut out: Vec<u8> = Vec::with_capacity(4096);
-    let mut chunk = vec![0u8; 16 * 1024];
+    let mut buf: Vec<u8> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
     // When the command now in `buf` began: it must complete within COMMAND_TIMEOUT.
     let mut begun: Option<tokio::time::Instant> = None;
     loop {
@@ -79,20 +84,32 @@ async fn connection(mut stream: Connection, service: &Service) {
             let _ = stream.shutdown().await;
             return;
         }
-        // Idle between commands: the listener's idle deadline closes the connection.
         let read = if buf.is_empty() {
+            // Idle between commands: the listener's idle deadline closes the connection.
+            // The wait holds no large buffer: the first bytes land on the task's own.
             begun = None;
-            stream.read(&mut chunk).await
+            if buf.capacity() > KEEP_WHEN_IDLE {
+                buf = Vec::new();
+            }
+            if out.capacity() > KEEP_WHEN_IDLE {
+                out = Vec::new();
+            }
+            let mut first = [0u8; 512];
+            let read = stream.read(&mut first).await;
+            if let Ok(n) = read {
+                buf.extend_from_slice(&first[..n]);
+            }
+            read
         } else {
             let deadline = *begun.get_or_insert_with(tokio::time::Instant::now) + COMMAND_TIMEOUT;
-            match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            buf.reserve(READ_SIZE);
+            match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
                 Ok(read) => read,
                 Err(_) => return,
             }
         };
-        match read {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        if matches!(read, Ok(0) | Err(_)) {
+            return;
         }
     }
 }
