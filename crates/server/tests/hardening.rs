@@ -45,6 +45,79 @@ fn a_client_sending_headers_slowly_is_cut_off() {
     assert_eq!(status, 200);
 }
 
+/// Sends `head` at once, then `drip` one byte every 200 ms (each byte resets any idle
+/// timer, as a slowloris client does) until the server closes the connection; how long
+/// that took. Panics if the server held it past `within`.
+fn drip_until_closed(address: &str, head: &[u8], drip: &[u8], within: Duration) -> Duration {
+    let started = Instant::now();
+    let mut stream = connect(address);
+    stream.write_all(head).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut sink = [0u8; 1024];
+    for byte in drip.iter().cycle() {
+        assert!(
+            started.elapsed() < within,
+            "{address}: a drip-fed request still open after {within:?}"
+        );
+        match stream.read(&mut sink) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return started.elapsed();
+            }
+            // The pacing: nothing came back within 200 ms.
+            Err(_) => {}
+        }
+        if stream.write_all(&[*byte]).is_err() {
+            return started.elapsed();
+        }
+    }
+    unreachable!("the drip never ends")
+}
+
+/// Slowloris on the HTTP body and the Redis protocol: a request whose bytes keep coming,
+/// one at a time, is cut off by the whole-request deadline (HTTP: `REQUEST_TIMEOUT`, RESP:
+/// `COMMAND_TIMEOUT`, both 10 s), however lively the connection looks; good clients are
+/// served meanwhile. (Headers sent slowly: the test above.)
+#[test]
+fn drip_fed_requests_are_cut_off_on_every_listener() {
+    let server = Server::start("[policies.api]\nrule = \"user:2/h\"\n");
+    let within = Duration::from_secs(14);
+    let body = std::thread::spawn({
+        let base = server.base.clone();
+        move || {
+            let head = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n{";
+            drip_until_closed(&base, head, b" ", within)
+        }
+    });
+    let resp = std::thread::spawn({
+        let resp = server.resp.clone();
+        move || {
+            drip_until_closed(
+                &resp,
+                b"*3\r\n$11\r\nCL.THROTTLE\r\n$9000\r\n",
+                b"k",
+                within,
+            )
+        }
+    });
+    let mut good = Http1::connect(&server.base);
+    while !body.is_finished() || !resp.is_finished() {
+        assert_eq!(good.request("GET", "/health", "").0, 200);
+    }
+    for (name, waited) in [
+        ("HTTP body", body.join().unwrap()),
+        ("RESP", resp.join().unwrap()),
+    ] {
+        assert!(
+            waited >= Duration::from_secs(9),
+            "{name}: closed after {waited:?}, before its deadline: was it the drip that failed?"
+        );
+    }
+}
+
 #[test]
 fn malformed_resp_frames_get_an_error_and_the_server_stays_up() {
     let server = Server::start("[policies.api]\nrule = \"user:2/h\"\n");
