@@ -86,16 +86,20 @@ pub fn parse(url: &str) -> Result<Target, RedisError> {
 /// The URL with any password replaced, for messages and logs.
 pub fn redact(url: &str) -> String {
     // The `@` that ends the credentials is the last one after the scheme; one before it (in
-    // a malformed scheme) is not.
-    match url
-        .split_once("://")
-        .and_then(|(scheme, rest)| Some((scheme, rest.rsplit_once('@')?)))
-    {
-        Some((scheme, (auth, hosts))) => {
-            let user = auth.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{hosts}")
-        }
-        None => url.to_owned(),
+    // a malformed scheme) is not. Without a scheme (a typo: `redis//u:pw@host`) everything
+    // before the last `@` may be a secret.
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((auth, hosts)) => {
+                let user = auth.split(':').next().unwrap_or("");
+                format!("{scheme}://{user}:***@{hosts}")
+            }
+            None => url.to_owned(),
+        },
+        None => match url.rsplit_once('@') {
+            Some((_, hosts)) => format!("***@{hosts}"),
+            None => url.to_owned(),
+        },
     }
 }
 
@@ -108,10 +112,15 @@ mod tests {
     #[test]
     fn redacts_any_text() {
         assert_eq!(redact("r@dis://a:1"), "r@dis://a:1");
+        assert_eq!(redact("redis//u:pw@a:1"), "***@a:1");
         assert_eq!(redact("r@dis://u:pw@a:1"), "r@dis://u:***@a:1");
         assert_eq!(redact("redis://u:p@ss@a:1"), "redis://u:***@a:1");
-        assert_eq!(redact("no scheme@all"), "no scheme@all");
+        assert_eq!(redact("no scheme@all"), "***@all");
         assert!(parse_url("r@dis://058-1,1-0;8757+1").is_err());
+        // Found by the fuzz target too: taking `tls_ca` off took the `://` with it, and the
+        // error showed the rest unredacted.
+        let error = parse_url("redis+c:1?tls_ca=/:1x://u?x&d:hunter22@a:1,b:2").unwrap_err();
+        assert!(!error.to_string().contains("hunter22"), "{error}");
     }
 
     #[test]

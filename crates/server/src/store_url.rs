@@ -35,9 +35,11 @@ fn positive(name: &str, value: &str) -> Result<u64, String> {
 ///
 /// A URL that cannot be used is an error saying why, and opens nothing.
 pub async fn open(url: &str) -> Result<DynStore, String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("`{url}` is not a store URL (expected e.g. `memory://`)"))?;
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        // Shown redacted: a mistyped `redis//user:secret@host` still holds a password.
+        let shown = sluice_redis::redact_url(url);
+        format!("`{shown}` is not a store URL (expected e.g. `memory://`)")
+    })?;
     match scheme {
         "memory" => {
             let mut max = DEFAULT_MAX_IDENTIFIERS;
@@ -80,5 +82,34 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
         other => Err(format!(
             "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, memcached://)"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(url: &str) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        match runtime.block_on(open(url)) {
+            Ok(_) => panic!("`{url}` opened"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_refused_url_never_shows_its_password() {
+        for url in [
+            "redis//user:hunter22@cache:6379",
+            "redis+c:1?tls_ca=/:1x://u?x&d:hunter22@a:1,b:2",
+            "rediss://user:hunter22@cache:6379?tls_ca=",
+            "redis+cluster://user:hunter22@a",
+        ] {
+            let message = refused(url);
+            assert!(!message.contains("hunter22"), "{url}: {message}");
+        }
     }
 }
