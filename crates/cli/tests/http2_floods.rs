@@ -13,22 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sluice_testkit::http::{Http1, p99, resident_bytes, timings};
+use sluice_testkit::http::{H2_PREFACE, Http1, h2_frame, p99, resident_bytes, timings};
 use support::Server;
 
 /// Streams each client opens, ordinary or attacking, on each listener.
 const STREAMS: usize = 30_000;
-
-/// An HTTP/2 frame: length, type, flags, stream, payload.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.extend_from_slice(&[kind, flags]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Opens `STREAMS` streams on `address` as fast as the connection allows, each either
 /// answered (at most 64 waiting at once: ordinary heavy traffic) or cancelled at once (the
@@ -93,7 +82,7 @@ fn never_reading(address: &str, frames: impl Iterator<Item = Vec<u8>>) -> (TcpSt
         .set_write_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     let mut sent = 0;
-    if stream.write_all(PREFACE).is_err() {
+    if stream.write_all(H2_PREFACE).is_err() {
         return (stream, sent);
     }
     for frame in frames {
@@ -128,15 +117,15 @@ fn endless_header_block(address: &str) -> bool {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let mut opening = PREFACE.to_vec();
-    opening.extend(frame(4, 0, 0, &[]));
+    let mut opening = H2_PREFACE.to_vec();
+    opening.extend(h2_frame(4, 0, 0, &[]));
     let mut block = vec![0x83, 0x84]; // :method POST, :path /
     block.extend(headers(10));
-    opening.extend(frame(1, 0, 1, &block));
+    opening.extend(h2_frame(1, 0, 1, &block));
     if stream.write_all(&opening).is_err() {
         return true;
     }
-    let continuation = frame(9, 0, 1, &headers(150));
+    let continuation = h2_frame(9, 0, 1, &headers(150));
     for _ in 0..700 {
         if stream.write_all(&continuation).is_err() {
             break;
@@ -206,9 +195,9 @@ fn http2_floods_are_absorbed_and_good_clients_keep_their_latency() {
             // frame asking for an acknowledgement the peer will not take.
             let mut floods = Vec::new();
             for address in [&http, &grpc] {
-                let settings = (0..200_000).map(|_| frame(4, 0, 0, &[0, 3, 0, 0, 0, 100]));
+                let settings = (0..200_000).map(|_| h2_frame(4, 0, 0, &[0, 3, 0, 0, 0, 100]));
                 floods.push(never_reading(address, settings));
-                let pings = (0..200_000u64).map(|i| frame(6, 0, 0, &i.to_be_bytes()));
+                let pings = (0..200_000u64).map(|i| h2_frame(6, 0, 0, &i.to_be_bytes()));
                 floods.push(never_reading(address, pings));
             }
             let endless: Vec<bool> = [&http, &grpc]

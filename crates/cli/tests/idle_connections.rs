@@ -8,7 +8,7 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use sluice_testkit::http::{Http1, connect, p99, resident_bytes, timings};
+use sluice_testkit::http::{H2_PREFACE, Http1, connect, h2_frame, p99, resident_bytes, timings};
 use support::Server;
 
 /// Idle connections per listener (three listeners: 9,999 in all).
@@ -53,9 +53,9 @@ fn idle_resp(address: &str) -> TcpStream {
 /// the server's SETTINGS) and keeps it.
 fn idle_grpc(address: &str) -> TcpStream {
     let mut stream = connect(address);
-    stream
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-        .unwrap();
+    let mut opening = H2_PREFACE.to_vec();
+    opening.extend(h2_frame(4, 0, 0, &[]));
+    stream.write_all(&opening).unwrap();
     let header = read_exactly(&mut stream, 9);
     assert_eq!(header[3], 4, "the server's first frame is SETTINGS");
     let length =

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::Message;
-use sluice_testkit::http::curl;
+use sluice_testkit::http::{H2_PREFACE, curl, h2_frame};
 use support::Server;
 
 const FRAMES: usize = 100_000;
@@ -100,15 +100,6 @@ fn http1(method: &str, path: &str, body: &str) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
-}
-
-/// An HTTP/2 frame: length, type, flags, stream, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.extend_from_slice(&[kind, flags]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 /// Sends `FRAMES` mutations of `seeds` to `address`, `PER_CONNECTION` to a connection,
@@ -212,8 +203,7 @@ fn a_hundred_thousand_mutated_frames_per_protocol_then_exact_answers() {
     }
 
     // HTTP/1.1, and HTTP/2 with prior knowledge on the same listener.
-    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    let mut h2 = preface.clone();
+    let mut h2 = H2_PREFACE.to_vec();
     h2.extend(h2_frame(4, 0, 0, &[0, 3, 0, 0, 0, 100])); // SETTINGS
     h2.extend(h2_frame(6, 0, 0, &[1; 8])); // PING
     h2.extend(h2_frame(8, 0, 0, &[0, 0, 1, 0])); // WINDOW_UPDATE

@@ -160,3 +160,16 @@ pub fn timings(n: usize, mut request: impl FnMut()) -> Vec<f64> {
 pub fn p99(sorted: &[f64]) -> f64 {
     sorted[sorted.len() * 99 / 100]
 }
+
+/// The bytes an HTTP/2 client opens a connection with.
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One HTTP/2 frame, written by hand for tests that send what no client library would:
+/// length, type, flags, stream, payload.
+pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
