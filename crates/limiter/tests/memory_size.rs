@@ -20,6 +20,9 @@ const MAX_BYTES_PER_IDENTIFIER: f64 = 76.0;
 /// holding at most `max_identifiers`; the store's bytes per identifier given, and how many
 /// it holds. Dropping the store must give every byte back.
 fn fill(count: usize, max_identifiers: usize) -> (f64, usize) {
+    // One measurement at a time: the allocator's counts are process-wide.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let identifiers: Vec<[Identifier; 1]> = (0..count)
         .map(|i| [Identifier::new(format!("api:user:{i:08}:10/s"))])
         .collect();
