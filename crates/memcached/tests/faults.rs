@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, Identifier, Limiter, Store, StoreError};
+use sluice_limiter::{Denial, FailureMode, Hit, Identifier, Limiter, Policy, Store, StoreError};
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
 use sluice_testkit::load::{
@@ -302,4 +302,53 @@ async fn faults_on_the_wire_follow_the_failure_mode_and_heal() {
             "{took:?}"
         );
     }
+}
+
+/// Jitter and a bandwidth cap under the timeout change only the time: every decision still
+/// comes from memcached, and a limit shared by four concurrent callers admits exactly its
+/// count. A reply cut in half by a half-close fails the call, the policy's failure mode
+/// answers within the bound, and decisions return to memcached once the fault clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jitter_throttling_and_half_closed_replies() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    let upstream = memcached.address().parse().unwrap();
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let store = store_with(
+        &format!("memcached://{}", proxy.address()),
+        TIMEOUT,
+        Duration::from_millis(300),
+    )
+    .await;
+    let mut policies = failure_policies("algorithm=sliding-window");
+    policies.push(
+        Policy::new("exact", "user:25/h algorithm=sliding-window")
+            .unwrap()
+            .failure(FailureMode::Closed),
+    );
+    let limiter = Arc::new(Limiter::builder(store).policies(policies).build().unwrap());
+    let bound = TIMEOUT + Duration::from_millis(800);
+    for (fault, user) in [
+        (Fault::Jitter(Duration::from_millis(10)), "jittered"),
+        (Fault::Throttle(64 * 1024), "throttled"),
+    ] {
+        proxy.set(fault);
+        let answers = checks(&limiter, "exact", user, 4, 10).await;
+        assert!(
+            answers.iter().all(|(c, _)| c.without_store.is_none()),
+            "{fault:?}: a decision without the store"
+        );
+        let admitted = answers.iter().filter(|(c, _)| c.decision.allowed()).count();
+        assert_eq!(admitted, 25, "{fault:?}: 40 hits on a limit of 25");
+    }
+    proxy.set(Fault::HalfClose);
+    for (checked, took) in checks(&limiter, "closed", "h", 4, 5).await {
+        assert_eq!(
+            checked.decision.denial,
+            Some(Denial::StoreUnavailable),
+            "{checked:?}"
+        );
+        assert!(took < bound, "{took:?}");
+    }
+    proxy.set(Fault::None);
+    until_the_store_answers(&limiter, Duration::from_secs(2)).await;
 }

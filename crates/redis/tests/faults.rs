@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_limiter::{Limiter, Policy};
+use sluice_limiter::{Denial, FailureMode, Limiter, Policy};
 use sluice_redis::RedisStore;
 use sluice_testkit::load::{
     assert_failure_modes, checks, failure_policies, until_the_store_answers,
@@ -212,6 +212,49 @@ async fn faults_on_the_wire_follow_the_failure_mode_and_heal() {
             "{took:?}"
         );
     }
+}
+
+/// Jitter and a bandwidth cap under the timeout change only the time: every decision still
+/// comes from Redis, and a limit shared by eight concurrent callers admits exactly its
+/// count. A reply cut in half by a half-close fails the call, the policy's failure mode
+/// answers within the bound, and decisions return to Redis once the fault clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jitter_throttling_and_half_closed_replies() {
+    let redis = RedisServer::start().expect("redis-server");
+    let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let mut policies = failure_policies("");
+    policies.push(
+        Policy::new("exact", "user:25/h")
+            .unwrap()
+            .failure(FailureMode::Closed),
+    );
+    let limiter = limiter(&format!("redis://{}", proxy.address()), policies).await;
+    let bound = TIMEOUT + Duration::from_millis(800);
+    for (fault, user) in [
+        (Fault::Jitter(Duration::from_millis(10)), "jittered"),
+        (Fault::Throttle(64 * 1024), "throttled"),
+    ] {
+        proxy.set(fault);
+        let answers = checks(&limiter, "exact", user, 8, 5).await;
+        assert!(
+            answers.iter().all(|(c, _)| c.without_store.is_none()),
+            "{fault:?}: a decision without the store"
+        );
+        let admitted = answers.iter().filter(|(c, _)| c.decision.allowed()).count();
+        assert_eq!(admitted, 25, "{fault:?}: 40 hits on a limit of 25");
+    }
+    proxy.set(Fault::HalfClose);
+    for (checked, took) in checks(&limiter, "closed", "h", 4, 5).await {
+        assert_eq!(
+            checked.decision.denial,
+            Some(Denial::StoreUnavailable),
+            "{checked:?}"
+        );
+        assert!(took < bound, "{took:?}");
+    }
+    proxy.set(Fault::None);
+    until_the_store_answers(&limiter, Duration::from_secs(2)).await;
 }
 
 /// Open file descriptors of this process.

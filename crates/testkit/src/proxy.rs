@@ -1,6 +1,7 @@
 //! A TCP proxy between code under test and a store, with faults switched at run time:
-//! added latency, black-holing (connections accepted, bytes never forwarded), and resetting
-//! every connection. It runs on a thread of its own and stops when dropped.
+//! added latency, jitter, a bandwidth cap, black-holing (connections accepted, bytes never
+//! forwarded), replies cut off by a half-close, and resetting every connection. It runs on a
+//! thread of its own and stops when dropped.
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,6 +19,15 @@ pub enum Fault {
     None,
     /// Hold each chunk this long before forwarding it.
     Latency(Duration),
+    /// Hold each chunk a different time, from none to this long, one after the other (order
+    /// is kept, as TCP keeps it, so under load the delays add up: a harsh jitter).
+    Jitter(Duration),
+    /// Forward at most this many bytes per second each way.
+    Throttle(u64),
+    /// Forward half of the next chunk from the server, then close the way to the client
+    /// (a FIN: the client reads half a reply, then the end), still reading what the client
+    /// sends: a server or middlebox dying mid-reply.
+    HalfClose,
     /// Forward nothing until the fault changes: the store seems to hang, and what was sent
     /// meanwhile arrives late (as TCP delivers it once a partition heals), never lost.
     BlackHole,
@@ -108,36 +118,51 @@ async fn relay(
     let server = TcpStream::connect(upstream).await?;
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = tokio::spawn(pipe(client_read, server_write, fault.clone()));
-    let down = tokio::spawn(pipe(server_read, client_write, fault));
-    // Either direction ending ends the connection (dropping both halves closes it).
+    let mut up = tokio::spawn(pipe(client_read, server_write, fault.clone(), false));
+    let down = tokio::spawn(pipe(server_read, client_write, fault, true));
+    // Either direction ending ends the connection (dropping both halves closes it), except
+    // a half-close: then the client may still send, until it closes too.
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = &mut up => {}
+        ended = down => {
+            if matches!(ended, Ok(Ok(Ended::HalfClosed))) {
+                let _ = up.await;
+            }
+        }
     }
     Ok(())
 }
 
-/// Copies `from` to `to` chunk by chunk under the fault of the moment.
+/// How a direction of a relayed connection ended.
+enum Ended {
+    Closed,
+    HalfClosed,
+}
+
+/// Copies `from` to `to` chunk by chunk under the fault of the moment; `downstream` is the
+/// server-to-client direction (the one a half-close cuts).
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut fault: watch::Receiver<Fault>,
-) -> io::Result<()> {
+    downstream: bool,
+) -> io::Result<Ended> {
     let mut buf = vec![0u8; 16 * 1024];
+    // Jitter's delays: xorshift64, seeded per direction; all a test proxy needs.
+    let mut state: u64 = if downstream { 0x9e37_79b9 } else { 0x85eb_ca6b };
     loop {
         let n = tokio::select! {
             read = from.read(&mut buf) => read?,
             // A switch to Reset closes open connections at once.
             changed = fault.changed() => {
                 if changed.is_err() || *fault.borrow() == Fault::Reset {
-                    return Ok(());
+                    return Ok(Ended::Closed);
                 }
                 continue;
             }
         };
         if n == 0 {
-            return Ok(());
+            return Ok(Ended::Closed);
         }
         loop {
             let now = *fault.borrow_and_update();
@@ -147,12 +172,31 @@ async fn pipe(
                     tokio::time::sleep(delay).await;
                     break;
                 }
+                Fault::Jitter(most) => {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let nanos = most.as_nanos().max(1) as u64;
+                    tokio::time::sleep(Duration::from_nanos(state % nanos)).await;
+                    break;
+                }
+                Fault::Throttle(bytes_per_second) => {
+                    let seconds = n as f64 / bytes_per_second.max(1) as f64;
+                    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+                    break;
+                }
+                Fault::HalfClose if downstream => {
+                    to.write_all(&buf[..n / 2]).await?;
+                    to.shutdown().await?;
+                    return Ok(Ended::HalfClosed);
+                }
+                Fault::HalfClose => break,
                 Fault::BlackHole => {
                     if fault.changed().await.is_err() {
-                        return Ok(());
+                        return Ok(Ended::Closed);
                     }
                 }
-                Fault::Reset => return Ok(()),
+                Fault::Reset => return Ok(Ended::Closed),
             }
         }
         to.write_all(&buf[..n]).await?;
