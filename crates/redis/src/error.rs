@@ -35,6 +35,8 @@ impl RedisError {
                         e.kind(),
                         ErrorKind::Io
                             | ErrorKind::ClusterConnectionNotFound
+                            // Mid-failover the sentinels may name no master for a moment.
+                            | ErrorKind::MasterNameNotFoundBySentinel
                             | ErrorKind::Server(
                                 ServerErrorKind::BusyLoading
                                     | ServerErrorKind::TryAgain

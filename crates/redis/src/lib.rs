@@ -26,6 +26,7 @@ mod error;
 // vectors; not part of the API.
 #[doc(hidden)]
 pub mod script;
+mod sentinel;
 mod slot;
 mod split;
 mod store;

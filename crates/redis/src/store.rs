@@ -13,6 +13,7 @@ use sluice_limiter::{Hit, Identifier, Store, StoreError};
 
 use crate::RedisError;
 use crate::script::{DECIDE, Lua, arguments, decision};
+use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
 
@@ -58,6 +59,7 @@ struct Inner {
 enum Connection {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelMaster>),
 }
 
 /// Configures a [`RedisStore`].
@@ -119,6 +121,13 @@ impl RedisStoreBuilder {
                     .build()?;
                 Connection::Cluster(client.get_async_connection().await?)
             }
+            Target::Sentinel(target) => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.timeout));
+                let master = SentinelMaster::connect(&target, certs, config).await?;
+                Connection::Sentinel(Arc::new(master))
+            }
         };
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -174,6 +183,15 @@ impl RedisStore {
         match &self.inner.connection {
             Connection::Standalone(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Sentinel(s) => s.query(cmd).await,
+        }
+    }
+
+    /// After a call ran out of time: a master behind a sentinel may be unreachable without
+    /// a word (no reset, no refusal), so the next call asks the sentinels again.
+    fn timed_out(&self) {
+        if let Connection::Sentinel(s) = &self.inner.connection {
+            s.forget();
         }
     }
 
@@ -227,7 +245,10 @@ impl RedisStore {
         };
         let result = match tokio::time::timeout(self.inner.timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(RedisError::Timeout(self.inner.timeout)),
+            Err(_) => {
+                self.timed_out();
+                Err(RedisError::Timeout(self.inner.timeout))
+            }
         };
         self.note_reachable(&result);
         result

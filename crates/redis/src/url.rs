@@ -1,5 +1,7 @@
-//! Store URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS), and
-//! `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for TLS).
+//! Store URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS),
+//! `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for TLS),
+//! and `redis+sentinel://[user:password@]host:port,host:port,.../master-name[/db]`
+//! (`rediss+sentinel://` for TLS to the sentinels and the servers alike).
 
 use sluice_limiter::store::url::take_params;
 
@@ -12,6 +14,22 @@ pub enum Target {
     Standalone(String),
     /// Seed nodes of a cluster, each as a `redis://` or `rediss://` URL.
     Cluster(Vec<String>),
+    /// Redis Sentinel: whichever server the sentinels name master of `master` now.
+    Sentinel(SentinelTarget),
+}
+
+/// A `redis+sentinel://` URL, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// `(host, port)` of each sentinel.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels monitor the master by.
+    pub master: String,
+    /// For the master (the sentinels are asked without credentials).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
+    pub tls: bool,
 }
 
 /// A parsed store URL: the target and, for TLS with a private CA, the CA's PEM file
@@ -79,6 +97,55 @@ pub fn parse(url: &str) -> Result<Target, RedisError> {
             }
             Ok(Target::Cluster(nodes))
         }
+        "redis+sentinel" | "rediss+sentinel" => {
+            let (auth, rest) = match rest.rsplit_once('@') {
+                Some((auth, rest)) => (Some(auth), rest),
+                None => (None, rest),
+            };
+            let (hosts, path) = rest
+                .split_once('/')
+                .ok_or_else(|| bad("no master name: add /NAME after the sentinels"))?;
+            let (master, db) = match path.split_once('/') {
+                Some((master, db)) => (master, db),
+                None => (path, ""),
+            };
+            if master.is_empty() {
+                return Err(bad("no master name: add /NAME after the sentinels"));
+            }
+            let db = match db {
+                "" => 0,
+                db => db
+                    .parse()
+                    .map_err(|_| bad(&format!("database `{db}` is not a number")))?,
+            };
+            let mut sentinels = Vec::new();
+            for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                let (name, port) = host
+                    .rsplit_once(':')
+                    .ok_or_else(|| bad("every sentinel needs host:port"))?;
+                let port = port
+                    .parse()
+                    .map_err(|_| bad(&format!("`{port}` is not a port")))?;
+                sentinels.push((name.to_owned(), port));
+            }
+            if sentinels.is_empty() {
+                return Err(bad("no sentinels"));
+            }
+            let (username, password) = match auth.map(|a| a.split_once(':')) {
+                None => (None, None),
+                Some(None) => (Some(auth.unwrap_or_default()), None),
+                Some(Some((user, password))) => (Some(user), Some(password)),
+            };
+            let nonempty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+            Ok(Target::Sentinel(SentinelTarget {
+                sentinels,
+                master: master.to_owned(),
+                username: nonempty(username),
+                password: nonempty(password),
+                db,
+                tls: scheme == "rediss+sentinel",
+            }))
+        }
         other => Err(bad(&format!("unknown scheme `{other}`"))),
     }
 }
@@ -121,6 +188,42 @@ mod tests {
         // error showed the rest unredacted.
         let error = parse_url("redis+c:1?tls_ca=/:1x://u?x&d:hunter22@a:1,b:2").unwrap_err();
         assert!(!error.to_string().contains("hunter22"), "{error}");
+    }
+
+    #[test]
+    fn reads_sentinel_urls() {
+        let Target::Sentinel(t) =
+            parse("redis+sentinel://u:pw@10.0.0.1:26379, 10.0.0.2:26380/mymaster/2").unwrap()
+        else {
+            panic!("not a sentinel target");
+        };
+        assert_eq!(
+            t.sentinels,
+            [("10.0.0.1".into(), 26379), ("10.0.0.2".into(), 26380)]
+        );
+        assert_eq!(t.master, "mymaster");
+        assert_eq!(
+            (t.username.as_deref(), t.password.as_deref()),
+            (Some("u"), Some("pw"))
+        );
+        assert_eq!((t.db, t.tls), (2, false));
+        let Target::Sentinel(t) = parse("rediss+sentinel://:pw@s:1/m").unwrap() else {
+            panic!("not a sentinel target");
+        };
+        assert_eq!(
+            (t.username, t.password.as_deref(), t.db, t.tls),
+            (None, Some("pw"), 0, true)
+        );
+        for bad in [
+            "redis+sentinel://s:1",
+            "redis+sentinel://s:1/",
+            "redis+sentinel:///m",
+            "redis+sentinel://s/m",
+            "redis+sentinel://s:x/m",
+            "redis+sentinel://s:1/m/x",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -30,7 +30,9 @@ fn positive(name: &str, value: &str) -> Result<u64, String> {
 ///
 /// - `memory://` or `memory://?max_identifiers=N`: this process's memory.
 /// - `redis://[user:pass@]host:port[/db][?timeout_ms=N]`, `rediss://...` (TLS),
-///   `redis+cluster://host:port,...` (and `rediss+cluster://`): shared Redis.
+///   `redis+cluster://host:port,...` (and `rediss+cluster://`),
+///   `redis+sentinel://[user:pass@]host:port,.../master-name[/db]` (and `rediss+sentinel://`):
+///   shared Redis.
 /// - `memcached://host:port,host:port,...[?timeout_ms=N&...]`: a pool of memcached servers.
 ///
 /// A URL that cannot be used is an error saying why, and opens nothing.
@@ -57,7 +59,8 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
                 MemoryStore::builder().max_identifiers(max).build(),
             ))
         }
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => {
             let (base, params) = take_params(url, &["timeout_ms", "connect_timeout_ms"]);
             let mut builder = RedisStore::builder(&base);
             for (name, value) in params {
@@ -80,7 +83,7 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
             Ok(DynStore::new(store))
         }
         other => Err(format!(
-            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, memcached://)"
+            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, memcached://)"
         )),
     }
 }

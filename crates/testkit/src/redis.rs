@@ -155,3 +155,148 @@ impl RedisCluster {
         format!("redis+cluster://{}", nodes.join(","))
     }
 }
+
+/// A master, one replica of it, and three sentinels watching them (quorum 2; the master is
+/// judged down after 1 s without an answer), all on free ports, stopped by PID on drop.
+pub struct RedisSentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<Process>,
+    dir: PathBuf,
+}
+
+impl RedisSentinels {
+    /// The name the sentinels monitor the master by.
+    pub const MASTER: &'static str = "sluice";
+
+    /// Starts the master, the replica (waiting until it has synced), then the sentinels.
+    pub fn start() -> io::Result<RedisSentinels> {
+        let master = RedisServer::start()?;
+        let master_port = master.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port])?;
+        let synced = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["INFO", "replication"])?
+            .contains("master_link_status:up")
+        {
+            if Instant::now() > synced {
+                return Err(io::Error::other("the replica did not sync"));
+            }
+            std::thread::sleep(Duration::from_millis(20)); // polling a real server's state
+        }
+        let n = INSTANCES.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("sluice-sentinel-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let (dir, master_port) = (dir.clone(), master_port.clone());
+            let kind = Kind {
+                name: "redis-server --sentinel",
+                command: Arc::new(move |port| {
+                    // A sentinel rewrites its config file: one each, written afresh.
+                    let config = dir.join(format!("sentinel-{i}-{port}.conf"));
+                    let text = format!(
+                        "sentinel monitor {name} 127.0.0.1 {master_port} 2\n\
+                         sentinel down-after-milliseconds {name} 1000\n\
+                         sentinel failover-timeout {name} 10000\n\
+                         sentinel parallel-syncs {name} 1\n",
+                        name = RedisSentinels::MASTER
+                    );
+                    let _ = std::fs::write(&config, text);
+                    let mut command = Command::new("redis-server");
+                    command
+                        .arg(&config)
+                        .arg("--sentinel")
+                        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                        .args(["--protected-mode", "no"]);
+                    command
+                }),
+                probe: b"PING\r\n",
+                ready: b"+PONG\r\n",
+            };
+            sentinels.push(Process::start(kind)?);
+        }
+        Ok(RedisSentinels {
+            master,
+            replica,
+            sentinels,
+            dir,
+        })
+    }
+
+    /// `redis+sentinel://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C/sluice`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!(
+            "redis+sentinel://{}/{}",
+            hosts.join(","),
+            RedisSentinels::MASTER
+        )
+    }
+
+    /// Runs `redis-cli` on sentinel `i`.
+    pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> io::Result<String> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.sentinels[i].port().to_string()])
+            .args(args)
+            .output()?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// The master's port as sentinel `i` names it now.
+    pub fn master_port(&self, i: usize) -> Option<u16> {
+        let answer = self.sentinel_cli(
+            i,
+            &[
+                "SENTINEL",
+                "get-master-addr-by-name",
+                RedisSentinels::MASTER,
+            ],
+        );
+        answer.ok()?.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// Waits until every sentinel knows the replica and the two other sentinels, so a
+    /// failover can happen.
+    pub fn wait_until_watching(&self, within: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut ready = true;
+            for i in 0..self.sentinels.len() {
+                let fields =
+                    self.sentinel_cli(i, &["SENTINEL", "master", RedisSentinels::MASTER])?;
+                let lines: Vec<&str> = fields.lines().map(str::trim).collect();
+                let field = |name: &str| {
+                    lines
+                        .iter()
+                        .position(|l| *l == name)
+                        .and_then(|at| lines.get(at + 1)?.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                ready &= field("num-slaves") >= 1 && field("num-other-sentinels") >= 2;
+            }
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(
+                    "the sentinels did not find the replica and each other",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100)); // polling real servers' state
+        }
+    }
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        for sentinel in &mut self.sentinels {
+            sentinel.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
