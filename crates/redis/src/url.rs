@@ -152,21 +152,25 @@ pub fn parse(url: &str) -> Result<Target, RedisError> {
 
 /// The URL with any password replaced, for messages and logs.
 pub fn redact(url: &str) -> String {
-    // The `@` that ends the credentials is the last one after the scheme; one before it (in
-    // a malformed scheme) is not. Without a scheme (a typo: `redis//u:pw@host`) everything
-    // before the last `@` may be a secret.
+    // Everything before the last `@` may hold a secret. Only a real scheme before the first
+    // `://` and the user name after it are shown; anything else (a mistyped URL, an `@`
+    // before the `://`) is hidden whole.
+    let Some(at) = url.rfind('@') else {
+        return url.to_owned();
+    };
+    let hosts = &url[at + 1..];
     match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((auth, hosts)) => {
-                let user = auth.split(':').next().unwrap_or("");
-                format!("{scheme}://{user}:***@{hosts}")
-            }
-            None => url.to_owned(),
-        },
-        None => match url.rsplit_once('@') {
-            Some((_, hosts)) => format!("***@{hosts}"),
-            None => url.to_owned(),
-        },
+        Some((scheme, rest))
+            if scheme.len() < at
+                && !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            let user = rest.split([':', '@']).next().unwrap_or("");
+            format!("{scheme}://{user}:***@{hosts}")
+        }
+        _ => format!("***@{hosts}"),
     }
 }
 
@@ -178,9 +182,9 @@ mod tests {
     /// in `--store` crashed `sluice serve` instead of saying what was wrong.
     #[test]
     fn redacts_any_text() {
-        assert_eq!(redact("r@dis://a:1"), "r@dis://a:1");
+        assert_eq!(redact("r@dis://a:1"), "***@dis://a:1");
         assert_eq!(redact("redis//u:pw@a:1"), "***@a:1");
-        assert_eq!(redact("r@dis://u:pw@a:1"), "r@dis://u:***@a:1");
+        assert_eq!(redact("r@dis://u:pw@a:1"), "***@a:1");
         assert_eq!(redact("redis://u:p@ss@a:1"), "redis://u:***@a:1");
         assert_eq!(redact("no scheme@all"), "***@all");
         assert!(parse_url("r@dis://058-1,1-0;8757+1").is_err());
@@ -188,6 +192,11 @@ mod tests {
         // error showed the rest unredacted.
         let error = parse_url("redis+c:1?tls_ca=/:1x://u?x&d:hunter22@a:1,b:2").unwrap_err();
         assert!(!error.to_string().contains("hunter22"), "{error}");
+        // And an `@` before a later `://`.
+        let url = "redis+c:1?tls_ca=/:1x://u?x&d:hunter22@a:1x://u?t&d:1,b:2";
+        let error = parse_url(url).unwrap_err();
+        assert!(!error.to_string().contains("hunter22"), "{error}");
+        assert_eq!(redact("a:hunter22@b://c@d"), "***@d");
     }
 
     #[test]
