@@ -89,22 +89,38 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of `masters` nodes, no replicas, made with `redis-cli --cluster create`.
+/// A Redis Cluster made with `redis-cli --cluster create`: `masters` masters first in
+/// `nodes`, then their replicas, if any.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// `masters` masters, no replicas.
     pub fn start(masters: usize) -> io::Result<RedisCluster> {
+        RedisCluster::start_with_replicas(masters, 0, Duration::from_secs(5))
+    }
+
+    /// `masters` masters with `replicas` replicas each; a node silent for `node_timeout` is
+    /// judged failed (and its replica promoted).
+    pub fn start_with_replicas(
+        masters: usize,
+        replicas: usize,
+        node_timeout: Duration,
+    ) -> io::Result<RedisCluster> {
         let mut nodes = Vec::new();
-        for _ in 0..masters {
+        let timeout = node_timeout.as_millis().to_string();
+        for _ in 0..masters * (1 + replicas) {
             nodes.push(RedisServer::start_with(&[
                 "--cluster-enabled",
                 "yes",
                 "--cluster-node-timeout",
-                "5000",
+                &timeout,
                 "--cluster-config-file",
                 "nodes.conf",
+                // Replicas sync at once, not after the default 5 s wait for company.
+                "--repl-diskless-sync-delay",
+                "0",
             ])?);
         }
         let addresses: Vec<String> = nodes
@@ -114,7 +130,7 @@ impl RedisCluster {
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()?;
         if !output.status.success() {
             return Err(io::Error::other(format!(
@@ -133,12 +149,18 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// Whether every node reports `cluster_state:ok` and knows every other node.
+    /// Whether every node reports `cluster_state:ok` and knows every other node, and every
+    /// replica has synced with its master (a replica that never did cannot take over).
     pub fn is_ok(&self) -> io::Result<bool> {
         for node in &self.nodes {
             let info = node.cli(&["cluster", "info"])?;
             let known = format!("cluster_known_nodes:{}", self.nodes.len());
             if !info.contains("cluster_state:ok") || !info.contains(&known) {
+                return Ok(false);
+            }
+            let replication = node.cli(&["INFO", "replication"])?;
+            if replication.contains("role:slave") && !replication.contains("master_link_status:up")
+            {
                 return Ok(false);
             }
         }
