@@ -40,15 +40,18 @@ pub enum Target {
     /// Replies from a memcached server, and the values it holds: read the same however the
     /// stream is split.
     MemcachedReply,
-    /// A store URL (`redis://`, `redis+cluster://`, `memcached://`).
+    /// A store URL (`redis://`, `redis+cluster://`, `redis+sentinel://`, `memcached://`).
     StoreUrl,
+    /// A reply of the Redis decision script: a decision read from it admits only when the
+    /// reply says so.
+    RedisReply,
     /// Forwarding headers and proof-of-work answers sent to the tower layer: an untrusted
     /// peer cannot name its own address, a forged answer never passes.
     Tower,
 }
 
 impl Target {
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::Rule,
         Target::Config,
         Target::EnvoyConfig,
@@ -56,6 +59,7 @@ impl Target {
         Target::Http,
         Target::MemcachedReply,
         Target::StoreUrl,
+        Target::RedisReply,
         Target::Tower,
     ];
 
@@ -69,6 +73,7 @@ impl Target {
             Target::Http => "http",
             Target::MemcachedReply => "memcached_reply",
             Target::StoreUrl => "store_url",
+            Target::RedisReply => "redis_reply",
             Target::Tower => "tower",
         }
     }
@@ -81,7 +86,7 @@ impl Target {
     /// fixed allowance for the target's own structures plus a multiple of the input.
     pub fn budget(self, len: usize) -> usize {
         let (fixed, per_byte) = match self {
-            Target::Rule | Target::StoreUrl | Target::Tower => (64 << 10, 16),
+            Target::Rule | Target::StoreUrl | Target::RedisReply | Target::Tower => (64 << 10, 16),
             Target::Config | Target::EnvoyConfig => (256 << 10, 64),
             Target::Resp | Target::MemcachedReply => (256 << 10, 8),
             Target::Http => (1 << 20, 16),
@@ -104,6 +109,7 @@ impl Target {
             Target::Http => http::body(data),
             Target::MemcachedReply => stores::memcached_reply(data),
             Target::StoreUrl => stores::url(data),
+            Target::RedisReply => stores::redis_reply(data),
             Target::Tower => http::tower(data),
         }
     }

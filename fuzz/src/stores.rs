@@ -112,3 +112,34 @@ fn password(url: &str) -> Option<&str> {
     let plain = password.len() >= 6 && password.bytes().all(|b| b.is_ascii_alphanumeric());
     (plain && url.matches(password).count() == 1).then_some(password)
 }
+
+/// `[encoding][numbers...]`: a reply of the decision script (seven integers), as a Redis
+/// that misbehaves might send it. It is read or refused, and a decision read from it never
+/// admits unless the reply said so in the one way the script says it (`allowed` 1, denial
+/// code 0).
+pub fn redis_reply(data: &[u8]) {
+    let [encoding, rest @ ..] = data else {
+        return;
+    };
+    // Small numbers byte by byte (so the fuzzer finds the codes the script uses), or whole
+    // little-endian i64s (so it finds the extremes).
+    let reply: Vec<i64> = if encoding & 1 == 0 {
+        rest.iter().map(|&b| i64::from(b as i8)).take(16).collect()
+    } else {
+        rest.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .take(16)
+            .collect()
+    };
+    let Ok(decision) =
+        Target::RedisReply.hold(data.len(), || sluice_redis::script::decision(&reply))
+    else {
+        return;
+    };
+    let said_allowed = reply.first() == Some(&1) && reply.get(5) == Some(&0);
+    assert_eq!(
+        decision.allowed(),
+        said_allowed,
+        "{reply:?} read as {decision:?}"
+    );
+}

@@ -64,6 +64,11 @@ fn store_url() {
 }
 
 #[test]
+fn redis_reply() {
+    replay(Target::RedisReply);
+}
+
+#[test]
 fn tower() {
     replay(Target::Tower);
 }
