@@ -352,3 +352,79 @@ async fn jitter_throttling_and_half_closed_replies() {
     proxy.set(Fault::None);
     until_the_store_answers(&limiter, Duration::from_secs(2)).await;
 }
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A thousand connection resets leak nothing: fifty limiters, each with its own pool, are
+/// reset together 22 times over, each time until every one answers from memcached again;
+/// afterwards this process holds no more file descriptors than before (within a few the
+/// runtime may cache) and the proxy no more connections than the pools held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_resets_leak_no_connection() {
+    const LIMITERS: usize = 50;
+    const ROUNDS: usize = 22;
+    let memcached = MemcachedServer::start().expect("memcached");
+    let upstream = memcached.address().parse().unwrap();
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let url = format!("memcached://{}", proxy.address());
+    let mut limiters = Vec::new();
+    for _ in 0..LIMITERS {
+        let store = store_with(&url, TIMEOUT, Duration::from_millis(300)).await;
+        let limiter = Limiter::builder(store)
+            .policies(failure_policies("algorithm=sliding-window"))
+            .build()
+            .unwrap();
+        limiters.push(Arc::new(limiter));
+    }
+    let all_answer = |limiters: &Vec<Arc<Limiter>>| {
+        let limiters = limiters.clone();
+        async move {
+            let mut waiting = JoinSet::new();
+            for limiter in limiters {
+                waiting.spawn(async move {
+                    until_the_store_answers(&limiter, Duration::from_secs(5)).await;
+                });
+            }
+            while let Some(done) = waiting.join_next().await {
+                done.unwrap();
+            }
+        }
+    };
+    // Every limiter's probe counts on one key: clear it so its limit is never reached.
+    let flush = || {
+        let mut stream = std::net::TcpStream::connect(memcached.address()).unwrap();
+        std::io::Write::write_all(&mut stream, b"flush_all\r\n").unwrap();
+        let mut reply = [0u8; 4];
+        std::io::Read::read_exact(&mut stream, &mut reply).unwrap();
+        assert_eq!(&reply, b"OK\r\n");
+    };
+    all_answer(&limiters).await;
+    let held = proxy.connections();
+    let before = open_fds();
+    let mut resets = 0;
+    for _ in 0..ROUNDS {
+        flush();
+        resets += proxy.connections();
+        proxy.set(Fault::Reset);
+        for limiter in &limiters {
+            let checked = limiter.check("closed", &[("user", "r")], 1).await.unwrap();
+            assert!(checked.without_store.is_some() || checked.decision.allowed());
+        }
+        proxy.set(Fault::None);
+        all_answer(&limiters).await;
+    }
+    let after = open_fds();
+    assert!(resets >= 1_000, "only {resets} connections were reset");
+    assert!(
+        after <= before + 8,
+        "{before} file descriptors before {resets} resets, {after} after"
+    );
+    assert!(
+        proxy.connections() <= held,
+        "{} connections after the resets, {held} before",
+        proxy.connections()
+    );
+}

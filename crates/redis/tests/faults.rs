@@ -262,36 +262,61 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Connections reset again and again leak nothing: after 20 resets, each followed by the
-/// store answering again (each takes the client's reconnect backoff, about 0.5 s here), this process holds no more file descriptors than before (within
-/// a few the runtime may cache) and the proxy no more connections than one limiter needs.
+/// A thousand connection resets leak nothing: fifty limiters, each with its own
+/// connection, are reset together 22 times over, each time until every one answers from
+/// Redis again (each waits out its client's reconnect backoff, about 0.5 s); afterwards this
+/// process holds no more file descriptors than before (within a few the runtime may cache)
+/// and the proxy no more connections than the limiters need.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_resets_leak_no_connection() {
+async fn a_thousand_resets_leak_no_connection() {
+    const LIMITERS: usize = 50;
+    const ROUNDS: usize = 22;
     let redis = RedisServer::start().expect("redis-server");
     let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
     let proxy = FaultProxy::start(upstream).expect("proxy");
-    let limiter = limiter(
-        &format!("redis://{}", proxy.address()),
-        failure_policies(""),
-    )
-    .await;
-    until_the_store_answers(&limiter, Duration::from_secs(2)).await;
+    let url = format!("redis://{}", proxy.address());
+    let mut limiters = Vec::new();
+    for _ in 0..LIMITERS {
+        limiters.push(limiter(&url, failure_policies("")).await);
+    }
+    let all_answer = |limiters: &Vec<Arc<Limiter>>| {
+        let limiters = limiters.clone();
+        async move {
+            let mut waiting = tokio::task::JoinSet::new();
+            for limiter in limiters {
+                waiting.spawn(async move {
+                    until_the_store_answers(&limiter, Duration::from_secs(5)).await;
+                });
+            }
+            while let Some(done) = waiting.join_next().await {
+                done.unwrap();
+            }
+        }
+    };
+    all_answer(&limiters).await;
     let before = open_fds();
-    for _ in 0..20 {
+    let mut resets = 0;
+    for _ in 0..ROUNDS {
+        resets += proxy.connections();
         proxy.set(Fault::Reset);
-        let checked = limiter.check("closed", &[("user", "r")], 1).await.unwrap();
-        assert!(checked.without_store.is_some() || checked.decision.allowed());
+        for limiter in &limiters {
+            let checked = limiter.check("closed", &[("user", "r")], 1).await.unwrap();
+            assert!(checked.without_store.is_some() || checked.decision.allowed());
+        }
         proxy.set(Fault::None);
-        until_the_store_answers(&limiter, Duration::from_secs(2)).await;
+        all_answer(&limiters).await;
+        // Every limiter's probe counts on one key: clear it so its limit is never reached.
+        redis.cli(&["FLUSHALL"]).unwrap();
     }
     let after = open_fds();
+    assert!(resets >= 1_000, "only {resets} connections were reset");
     assert!(
-        after <= before + 4,
-        "{before} file descriptors before, {after} after"
+        after <= before + 8,
+        "{before} file descriptors before {resets} resets, {after} after"
     );
     assert!(
-        proxy.connections() <= 2,
-        "{} connections",
+        proxy.connections() <= 2 * LIMITERS,
+        "{} connections for {LIMITERS} limiters",
         proxy.connections()
     );
 }
