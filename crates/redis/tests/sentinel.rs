@@ -3,6 +3,8 @@
 //! within 5 s, found through the sentinels alone. Meanwhile each policy's failure mode
 //! answers. Writes Redis acknowledged but had not yet copied to the replica are lost with
 //! the master: the test measures how many hits that let through again (RELIABILITY.md).
+//! A hit whose reply was lost with the master is denied by the failure mode yet may have
+//! counted: the limit can come up short by the calls in flight at the kill.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,6 +16,7 @@ use sluice_testkit::RedisSentinels;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 const LIMIT: usize = 300;
+const CALLERS: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_is_replaced_through_the_sentinels_within_five_seconds() {
@@ -46,7 +49,7 @@ async fn a_killed_master_is_replaced_through_the_sentinels_within_five_seconds()
     // half of it is used. Each caller stops at its first denial from the store.
     let admitted = Arc::new(AtomicUsize::new(0));
     let mut callers = tokio::task::JoinSet::new();
-    for _ in 0..4 {
+    for _ in 0..CALLERS {
         let (check, admitted) = (check.clone(), admitted.clone());
         callers.spawn(async move {
             loop {
@@ -112,5 +115,10 @@ async fn a_killed_master_is_replaced_through_the_sentinels_within_five_seconds()
         "{total} admitted on a limit of {LIMIT} across the failover (at least {before_kill} \
          before the kill): {over} over, writes lost with the master"
     );
-    assert!(total >= LIMIT, "fewer admitted than the limit: {total}");
+    // Short by at most the calls in flight at the kill: a hit the old master counted (and
+    // copied) whose reply was lost with it is denied by the failure mode, yet counts.
+    assert!(
+        total + CALLERS >= LIMIT,
+        "{total} admitted: short of the limit by more than the calls in flight"
+    );
 }
