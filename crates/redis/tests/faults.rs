@@ -10,7 +10,7 @@ use sluice_testkit::load::{
     assert_failure_modes, checks, failure_policies, until_the_store_answers,
 };
 use sluice_testkit::proxy::{Fault, FaultProxy};
-use sluice_testkit::{RedisCluster, RedisServer};
+use sluice_testkit::{ProxiedCluster, RedisCluster, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -211,6 +211,30 @@ async fn faults_on_the_wire_follow_the_failure_mode_and_heal() {
             took >= Duration::from_millis(20) && took < bound,
             "{took:?}"
         );
+    }
+}
+
+/// A Redis Cluster behind a fault proxy per node (each node announces its proxy, so the
+/// client's slot map points through them): black-holed, then reset, each policy answers by
+/// its failure mode within the bound; once the fault clears, decisions come from the
+/// cluster again within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_behind_the_fault_proxy_follows_the_failure_mode_and_heals() {
+    let cluster = ProxiedCluster::start(3).expect("a cluster behind proxies");
+    let bound = TIMEOUT + Duration::from_millis(800);
+    for fault in [Fault::BlackHole, Fault::Reset] {
+        // A limiter of its own per fault: the local failure mode keeps its own counts.
+        let limiter = limiter(&cluster.url(), failure_policies("")).await;
+        assert!(
+            checks(&limiter, "closed", "a", 4, 5)
+                .await
+                .iter()
+                .all(|(c, _)| c.without_store.is_none())
+        );
+        cluster.set(fault);
+        assert_failure_modes(&limiter, bound).await;
+        cluster.set(Fault::None);
+        until_the_store_answers(&limiter, Duration::from_secs(2)).await;
     }
 }
 

@@ -23,4 +23,4 @@ pub mod vectors;
 
 pub use memcached::MemcachedServer;
 pub use process::free_port;
-pub use redis::{RedisCluster, RedisSentinels, RedisServer};
+pub use redis::{ProxiedCluster, RedisCluster, RedisSentinels, RedisServer};

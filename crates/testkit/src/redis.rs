@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::process::{Kind, Process};
+use crate::proxy::{Fault, FaultProxy};
 
 static INSTANCES: AtomicU32 = AtomicU32::new(0);
 
@@ -173,6 +174,69 @@ impl RedisCluster {
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+/// A Redis Cluster whose every node is reached through a [`FaultProxy`]: each node
+/// announces its proxy's port (`cluster-announce-port`), so a client that learns the slot
+/// map from the cluster still goes through the proxies. Faults are set on all of them.
+pub struct ProxiedCluster {
+    pub cluster: RedisCluster,
+    pub proxies: Vec<FaultProxy>,
+}
+
+impl ProxiedCluster {
+    pub fn start(masters: usize) -> io::Result<ProxiedCluster> {
+        let cluster = RedisCluster::start(masters)?;
+        let mut proxies = Vec::new();
+        for node in &cluster.nodes {
+            let proxy = FaultProxy::start(([127, 0, 0, 1], node.port()).into())?;
+            let announced = proxy.address().port().to_string();
+            let bus = (node.port() + 10_000).to_string();
+            node.cli(&["CONFIG", "SET", "cluster-announce-bus-port", &bus])?;
+            node.cli(&["CONFIG", "SET", "cluster-announce-port", &announced])?;
+            proxies.push(proxy);
+        }
+        let proxied = ProxiedCluster { cluster, proxies };
+        // Every node must tell every node's proxy port before a client looks.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !proxied.announced()? {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("the nodes did not announce their proxies"));
+            }
+            std::thread::sleep(Duration::from_millis(50)); // polling real servers' state
+        }
+        Ok(proxied)
+    }
+
+    fn announced(&self) -> io::Result<bool> {
+        for node in &self.cluster.nodes {
+            let nodes = node.cli(&["CLUSTER", "NODES"])?;
+            for proxy in &self.proxies {
+                let address = format!("127.0.0.1:{}@", proxy.address().port());
+                if !nodes.contains(&address) {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The same fault on every node's proxy.
+    pub fn set(&self, fault: Fault) {
+        for proxy in &self.proxies {
+            proxy.set(fault);
+        }
+    }
+
+    /// `redis+cluster://` through the proxies.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .proxies
+            .iter()
+            .map(|p| p.address().to_string())
             .collect();
         format!("redis+cluster://{}", nodes.join(","))
     }
