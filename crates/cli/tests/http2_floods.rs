@@ -234,3 +234,59 @@ fn http2_floods_are_absorbed_and_good_clients_keep_their_latency() {
         "p99 {attacked_p99:.2} ms under rapid reset, {ordinary_p99:.2} ms under ordinary load"
     );
 }
+
+/// Slowloris over HTTP/2: a HEADERS frame whose payload comes one byte every 200 ms. No
+/// frame can be read whole meanwhile, so the peer cannot acknowledge the server's keep-alive
+/// PING (sent after 20 s quiet on its side, answered within 10 s or the connection closes):
+/// both listeners cut it at about 30 s, where an idle deadline never would.
+#[test]
+fn a_drip_fed_http2_header_block_is_cut_by_the_keep_alive() {
+    let server = Server::start_envoy("[policies.api]\nrule = \"user:5/h\"\n", &[], &[]);
+    let http = server.base.trim_start_matches("http://").to_owned();
+    let grpc = server.grpc.clone().expect("a gRPC listener");
+    let drips: Vec<_> = [http, grpc]
+        .into_iter()
+        .map(|address| {
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let mut stream = TcpStream::connect(&address).unwrap();
+                let mut opening = H2_PREFACE.to_vec();
+                opening.extend(h2_frame(4, 0, 0, &[]));
+                // HEADERS, END_HEADERS, announcing 4,000 bytes of header block.
+                let mut head = h2_frame(1, 4, 1, &[]);
+                head[..3].copy_from_slice(&4_000u32.to_be_bytes()[1..]);
+                opening.extend(head);
+                stream.write_all(&opening).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                let mut sink = [0u8; 1024];
+                loop {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(45),
+                        "{address}: a drip-fed header block still open after 45 s"
+                    );
+                    match stream.read(&mut sink) {
+                        Ok(0) => return started.elapsed(),
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                            return started.elapsed();
+                        }
+                        // The pacing: nothing came back within 200 ms.
+                        _ => {}
+                    }
+                    if stream.write_all(b"a").is_err() {
+                        return started.elapsed();
+                    }
+                }
+            })
+        })
+        .collect();
+    let cut: Vec<Duration> = drips.into_iter().map(|d| d.join().unwrap()).collect();
+    eprintln!("drip-fed HTTP/2 header blocks cut after {cut:?} (HTTP, gRPC)");
+    for after in cut {
+        assert!(
+            after >= Duration::from_secs(20),
+            "cut after {after:?}: before any keep-alive"
+        );
+    }
+}
