@@ -17,6 +17,8 @@ pub enum RedisError {
     Reply(String),
     #[error("not supported on redis: {0}")]
     Unsupported(String),
+    #[error("the decision reached {acked} of the {wanted} replicas asked for in time")]
+    Unreplicated { acked: i64, wanted: u32 },
 }
 
 impl RedisError {
@@ -24,7 +26,7 @@ impl RedisError {
     /// resharding), as opposed to a mistake that will repeat.
     pub fn is_transient(&self) -> bool {
         match self {
-            RedisError::Timeout(_) => true,
+            RedisError::Timeout(_) | RedisError::Unreplicated { .. } => true,
             RedisError::Redis(e) => {
                 e.is_io_error()
                     || e.is_timeout()

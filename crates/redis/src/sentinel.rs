@@ -116,6 +116,23 @@ impl SentinelMaster {
     }
 }
 
+impl SentinelMaster {
+    /// Runs `pipe` on the master.
+    pub(crate) async fn query_pipe<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<T> {
+        let mut connection = self.connection().await?;
+        let result = pipe.query_async(&mut connection).await;
+        if let Err(e) = &result
+            && master_may_have_moved(e)
+        {
+            self.forget();
+        }
+        result
+    }
+}
+
 /// Errors after which the master may be another server now.
 fn master_may_have_moved(e: &redis::RedisError) -> bool {
     e.is_io_error()

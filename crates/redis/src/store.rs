@@ -48,6 +48,8 @@ pub struct RedisStore {
 struct Inner {
     connection: Connection,
     timeout: Duration,
+    /// Replicas each decision must reach (`WAIT`) before it counts; 0: none.
+    wait_replicas: u32,
     /// Makes sliding-log members unique across calls and processes.
     token_seed: u64,
     tokens: AtomicU64,
@@ -68,6 +70,7 @@ pub struct RedisStoreBuilder {
     url: String,
     timeout: Duration,
     connect_timeout: Duration,
+    wait_replicas: u32,
 }
 
 impl RedisStoreBuilder {
@@ -83,10 +86,25 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// After each decision, wait (`WAIT`) until `replicas` replicas hold its writes, within
+    /// half the store's timeout; a decision not copied in time is an error, so the policy's
+    /// failure mode answers instead (with `closed`, nothing is admitted that a failover
+    /// could forget). Standalone and Sentinel only. Each decision then costs a round trip to
+    /// the replicas, and the calls sharing the connection wait behind it.
+    pub fn wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
     /// Connects (to every seed node's cluster, for a cluster URL).
     pub async fn connect(self) -> Result<RedisStore, RedisError> {
         install_crypto();
         let parsed = parse_url(&self.url)?;
+        if self.wait_replicas > 0 && matches!(parsed.target, Target::Cluster(_)) {
+            return Err(RedisError::Unsupported(
+                "wait_replicas on a cluster (WAIT acts on one node's connection)".into(),
+            ));
+        }
         let certs = match &parsed.tls_ca {
             Some(path) => Some(redis::TlsCertificates {
                 client_tls: None,
@@ -133,6 +151,7 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 connection,
                 timeout: self.timeout,
+                wait_replicas: self.wait_replicas,
                 token_seed: token_seed(),
                 tokens: AtomicU64::new(0),
                 reachable: AtomicBool::new(true),
@@ -165,6 +184,7 @@ impl RedisStore {
             url: url.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: Duration::from_secs(2),
+            wait_replicas: 0,
         }
     }
 
@@ -185,6 +205,33 @@ impl RedisStore {
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Sentinel(s) => s.query(cmd).await,
         }
+    }
+
+    /// Runs a decision script: alone, or followed on the same connection by `WAIT` (the
+    /// two sent as one pipeline, so no other call's command comes between them); then the
+    /// replicas that acknowledged it.
+    async fn decide_call<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<(T, Option<i64>)> {
+        if self.inner.wait_replicas == 0 {
+            return Ok((self.send(cmd).await?, None));
+        }
+        let wait_ms = u64::try_from(self.inner.timeout.as_millis() / 2)
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone())
+            .cmd("WAIT")
+            .arg(self.inner.wait_replicas)
+            .arg(wait_ms);
+        let (value, acked): (T, i64) = match &self.inner.connection {
+            Connection::Standalone(c) => pipe.query_async(&mut c.clone()).await?,
+            Connection::Sentinel(s) => s.query_pipe(&pipe).await?,
+            // Refused when the store is built.
+            Connection::Cluster(c) => pipe.query_async(&mut c.clone()).await?,
+        };
+        Ok((value, Some(acked)))
     }
 
     /// After a call ran out of time: a master behind a sentinel may be unreachable without
@@ -220,8 +267,14 @@ impl RedisStore {
                     c
                 };
                 cmd.arg(keys.len()).arg(keys).arg(args);
-                match self.send(&cmd).await {
-                    Ok(value) => return Ok(value),
+                match self.decide_call(&cmd).await {
+                    Ok((_, Some(acked))) if acked < i64::from(self.inner.wait_replicas) => {
+                        return Err(RedisError::Unreplicated {
+                            acked,
+                            wanted: self.inner.wait_replicas,
+                        });
+                    }
+                    Ok((value, _)) => return Ok(value),
                     Err(e)
                         if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !whole =>
                     {

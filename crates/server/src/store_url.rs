@@ -32,7 +32,8 @@ fn positive(name: &str, value: &str) -> Result<u64, String> {
 /// - `redis://[user:pass@]host:port[/db][?timeout_ms=N]`, `rediss://...` (TLS),
 ///   `redis+cluster://host:port,...` (and `rediss+cluster://`),
 ///   `redis+sentinel://[user:pass@]host:port,.../master-name[/db]` (and `rediss+sentinel://`):
-///   shared Redis.
+///   shared Redis. `?wait_replicas=N` waits after each decision until N replicas hold it
+///   (standalone and Sentinel).
 /// - `memcached://host:port,host:port,...[?timeout_ms=N&...]`: a pool of memcached servers.
 ///
 /// A URL that cannot be used is an error saying why, and opens nothing.
@@ -61,13 +62,18 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
         }
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
         | "rediss+sentinel" => {
-            let (base, params) = take_params(url, &["timeout_ms", "connect_timeout_ms"]);
+            let (base, params) =
+                take_params(url, &["timeout_ms", "connect_timeout_ms", "wait_replicas"]);
             let mut builder = RedisStore::builder(&base);
             for (name, value) in params {
-                let ms = Duration::from_millis(positive(name, value)?);
+                let n = positive(name, value)?;
                 builder = match name {
-                    "timeout_ms" => builder.timeout(ms),
-                    _ => builder.connect_timeout(ms),
+                    "timeout_ms" => builder.timeout(Duration::from_millis(n)),
+                    "connect_timeout_ms" => builder.connect_timeout(Duration::from_millis(n)),
+                    _ => builder.wait_replicas(
+                        u32::try_from(n)
+                            .map_err(|_| format!("wait_replicas `{value}` is too large"))?,
+                    ),
                 };
             }
             let store = builder
