@@ -1,9 +1,6 @@
 //! Connecting the way users write store URLs: an ACL user and password, a database number,
 //! TLS with a private CA, and clear errors for what cannot work.
 
-use std::path::Path;
-use std::process::Command;
-
 use sluice_limiter::{Limiter, Policy};
 use sluice_redis::RedisStore;
 use sluice_testkit::{RedisServer, free_port};
@@ -44,76 +41,11 @@ async fn acl_user_and_database_number() {
     );
 }
 
-/// A CA and a server certificate for 127.0.0.1, made with the openssl command.
-fn certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            status.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&status.stderr)
-        );
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=sluice-test-ca",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
-}
-
 #[tokio::test]
 async fn tls_with_a_private_ca() {
     let dir = std::env::temp_dir().join(format!("sluice-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    certificates(&dir);
+    sluice_testkit::tls::certificates(&dir).expect("test certificates");
     let tls_port = free_port().unwrap().to_string();
     let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
     let server = RedisServer::start_with(&[

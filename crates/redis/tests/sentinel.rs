@@ -20,10 +20,27 @@ const CALLERS: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_is_replaced_through_the_sentinels_within_five_seconds() {
-    let mut set = RedisSentinels::start().expect("master, replica and sentinels");
+    let set = RedisSentinels::start().expect("master, replica and sentinels");
+    let url = set.url();
+    failover(set, &url).await;
+}
+
+/// The same with TLS everywhere: `rediss+sentinel://` with a private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_over_tls() {
+    let dir = std::env::temp_dir().join(format!("sluice-sentinel-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    sluice_testkit::tls::certificates(&dir).expect("test certificates");
+    let set = RedisSentinels::start_tls(&dir).expect("master, replica and sentinels on TLS");
+    let url = format!("{}?tls_ca={}", set.url(), dir.join("ca.crt").display());
+    failover(set, &url).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn failover(mut set: RedisSentinels, url: &str) {
     set.wait_until_watching(Duration::from_secs(30))
         .expect("the sentinels watching");
-    let store = RedisStore::builder(&set.url())
+    let store = RedisStore::builder(url)
         .timeout(TIMEOUT)
         .connect()
         .await
@@ -70,7 +87,7 @@ async fn a_killed_master_is_replaced_through_the_sentinels_within_five_seconds()
     while admitted.load(Ordering::SeqCst) < LIMIT / 2 {
         tokio::task::yield_now().await;
     }
-    let old_master = set.master.port();
+    let old_master = set.master_port_announced();
 
     set.master.kill();
     let killed = Instant::now();
@@ -91,13 +108,13 @@ async fn a_killed_master_is_replaced_through_the_sentinels_within_five_seconds()
     };
     let promoted = set.master_port(0);
     eprintln!(
-        "decisions from the promoted replica {:.2} s after the master was killed \
+        "{url}: decisions from the promoted replica {:.2} s after the master was killed \
          ({answered_without} answered by the failure mode meanwhile)",
         back.as_secs_f64()
     );
     assert_eq!(
         promoted,
-        Some(set.replica.port()),
+        Some(set.replica_port()),
         "the replica is master now"
     );
     assert_ne!(promoted, Some(old_master));

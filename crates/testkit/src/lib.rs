@@ -19,6 +19,7 @@ pub mod memcached;
 mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tls;
 pub mod vectors;
 
 pub use memcached::MemcachedServer;

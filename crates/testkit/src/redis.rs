@@ -248,7 +248,16 @@ pub struct RedisSentinels {
     pub master: RedisServer,
     pub replica: RedisServer,
     sentinels: Vec<Process>,
+    /// With TLS: the TLS ports of the master, the replica and each sentinel (the plain
+    /// ports stay open for the harness's own probes and `redis-cli`).
+    tls: Option<TlsPorts>,
     dir: PathBuf,
+}
+
+struct TlsPorts {
+    master: u16,
+    replica: u16,
+    sentinels: Vec<u16>,
 }
 
 impl RedisSentinels {
@@ -257,9 +266,61 @@ impl RedisSentinels {
 
     /// Starts the master, the replica (waiting until it has synced), then the sentinels.
     pub fn start() -> io::Result<RedisSentinels> {
-        let master = RedisServer::start()?;
-        let master_port = master.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port])?;
+        RedisSentinels::start_with(None)
+    }
+
+    /// The same speaking TLS everywhere (replication, sentinels to servers, clients), with
+    /// `server.crt`, `server.key` and `ca.crt` from `certificates` (see
+    /// [`crate::tls::certificates`]).
+    pub fn start_tls(certificates: &std::path::Path) -> io::Result<RedisSentinels> {
+        RedisSentinels::start_with(Some(certificates))
+    }
+
+    fn start_with(certificates: Option<&std::path::Path>) -> io::Result<RedisSentinels> {
+        let tls_args = |port: u16| -> Vec<String> {
+            let Some(dir) = certificates else {
+                return Vec::new();
+            };
+            let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+            vec![
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                file("server.crt"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.crt"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+                "--tls-replication".into(),
+                "yes".into(),
+            ]
+        };
+        let tls = match certificates {
+            Some(_) => Some(TlsPorts {
+                master: crate::free_port()?,
+                replica: crate::free_port()?,
+                sentinels: (0..3)
+                    .map(|_| crate::free_port())
+                    .collect::<io::Result<_>>()?,
+            }),
+            None => None,
+        };
+        let owned = |args: &[String]| args.to_vec();
+        let master_args = owned(&tls_args(tls.as_ref().map_or(0, |t| t.master)));
+        let master_args: Vec<&str> = master_args.iter().map(String::as_str).collect();
+        let master = RedisServer::start_with(&master_args)?;
+        // Replicas and sentinels reach the master on its TLS port when there is one.
+        let master_port = tls.as_ref().map_or(master.port(), |t| t.master).to_string();
+        let mut replica_args = owned(&tls_args(tls.as_ref().map_or(0, |t| t.replica)));
+        replica_args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master_port.clone(),
+        ]);
+        let replica_args: Vec<&str> = replica_args.iter().map(String::as_str).collect();
+        let replica = RedisServer::start_with(&replica_args)?;
         let synced = Instant::now() + Duration::from_secs(10);
         while !replica
             .cli(&["INFO", "replication"])?
@@ -276,6 +337,7 @@ impl RedisSentinels {
         let mut sentinels = Vec::new();
         for i in 0..3 {
             let (dir, master_port) = (dir.clone(), master_port.clone());
+            let extra = tls_args(tls.as_ref().map_or(0, |t| t.sentinels[i]));
             let kind = Kind {
                 name: "redis-server --sentinel",
                 command: Arc::new(move |port| {
@@ -294,7 +356,8 @@ impl RedisSentinels {
                         .arg(&config)
                         .arg("--sentinel")
                         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                        .args(["--protected-mode", "no"]);
+                        .args(["--protected-mode", "no"])
+                        .args(&extra);
                     command
                 }),
                 probe: b"PING\r\n",
@@ -306,22 +369,36 @@ impl RedisSentinels {
             master,
             replica,
             sentinels,
+            tls,
             dir,
         })
     }
 
-    /// `redis+sentinel://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C/sluice`.
+    /// The replica's port as the sentinels name it once it is master (its TLS port with
+    /// TLS).
+    pub fn replica_port(&self) -> u16 {
+        self.tls.as_ref().map_or(self.replica.port(), |t| t.replica)
+    }
+
+    /// The master's port as the sentinels name it (its TLS port with TLS).
+    pub fn master_port_announced(&self) -> u16 {
+        self.tls.as_ref().map_or(self.master.port(), |t| t.master)
+    }
+
+    /// `redis+sentinel://127.0.0.1:A,127.0.0.1:B,127.0.0.1:C/sluice`; with TLS,
+    /// `rediss+sentinel://` to the sentinels' TLS ports (add `?tls_ca=` for the test CA).
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        format!(
-            "redis+sentinel://{}/{}",
-            hosts.join(","),
-            RedisSentinels::MASTER
-        )
+        let ports: Vec<u16> = match &self.tls {
+            Some(tls) => tls.sentinels.clone(),
+            None => self.sentinels.iter().map(Process::port).collect(),
+        };
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let scheme = if self.tls.is_some() {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        format!("{scheme}://{}/{}", hosts.join(","), RedisSentinels::MASTER)
     }
 
     /// Runs `redis-cli` on sentinel `i`.
