@@ -10,7 +10,8 @@ use sluice_limiter::{Denial, FailureMode, Hit, Identifier, Limiter, Policy, Stor
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
 use sluice_testkit::load::{
-    assert_failure_modes, checks, failure_policies, until_the_store_answers,
+    assert_failure_modes, checks, failure_policies, open_fds, until_all_answer,
+    until_the_store_answers,
 };
 use sluice_testkit::proxy::{Fault, FaultProxy};
 use tokio::task::JoinSet;
@@ -353,11 +354,6 @@ async fn jitter_throttling_and_half_closed_replies() {
     until_the_store_answers(&limiter, Duration::from_secs(2)).await;
 }
 
-/// Open file descriptors of this process.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 /// A thousand connection resets leak nothing: fifty limiters, each with its own pool, are
 /// reset together 22 times over, each time until every one answers from memcached again;
 /// afterwards this process holds no more file descriptors than before (within a few the
@@ -379,20 +375,6 @@ async fn a_thousand_resets_leak_no_connection() {
             .unwrap();
         limiters.push(Arc::new(limiter));
     }
-    let all_answer = |limiters: &Vec<Arc<Limiter>>| {
-        let limiters = limiters.clone();
-        async move {
-            let mut waiting = JoinSet::new();
-            for limiter in limiters {
-                waiting.spawn(async move {
-                    until_the_store_answers(&limiter, Duration::from_secs(5)).await;
-                });
-            }
-            while let Some(done) = waiting.join_next().await {
-                done.unwrap();
-            }
-        }
-    };
     // Every limiter's probe counts on one key: clear it so its limit is never reached.
     let flush = || {
         let mut stream = std::net::TcpStream::connect(memcached.address()).unwrap();
@@ -401,7 +383,7 @@ async fn a_thousand_resets_leak_no_connection() {
         std::io::Read::read_exact(&mut stream, &mut reply).unwrap();
         assert_eq!(&reply, b"OK\r\n");
     };
-    all_answer(&limiters).await;
+    until_all_answer(&limiters, Duration::from_secs(5)).await;
     let held = proxy.connections();
     let before = open_fds();
     let mut resets = 0;
@@ -414,7 +396,7 @@ async fn a_thousand_resets_leak_no_connection() {
             assert!(checked.without_store.is_some() || checked.decision.allowed());
         }
         proxy.set(Fault::None);
-        all_answer(&limiters).await;
+        until_all_answer(&limiters, Duration::from_secs(5)).await;
     }
     let after = open_fds();
     assert!(resets >= 1_000, "only {resets} connections were reset");

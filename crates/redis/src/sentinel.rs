@@ -106,24 +106,20 @@ impl SentinelMaster {
         cmd: &redis::Cmd,
     ) -> redis::RedisResult<T> {
         let mut connection = self.connection().await?;
-        let result = cmd.query_async(&mut connection).await;
-        if let Err(e) = &result
-            && master_may_have_moved(e)
-        {
-            self.forget();
-        }
-        result
+        self.watch(cmd.query_async(&mut connection).await)
     }
-}
 
-impl SentinelMaster {
     /// Runs `pipe` on the master.
     pub(crate) async fn query_pipe<T: redis::FromRedisValue>(
         &self,
         pipe: &redis::Pipeline,
     ) -> redis::RedisResult<T> {
         let mut connection = self.connection().await?;
-        let result = pipe.query_async(&mut connection).await;
+        self.watch(pipe.query_async(&mut connection).await)
+    }
+
+    /// Passes `result` on, forgetting the connection if it says the master may have moved.
+    fn watch<T>(&self, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
         if let Err(e) = &result
             && master_may_have_moved(e)
         {

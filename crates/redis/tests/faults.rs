@@ -7,7 +7,8 @@ use std::time::Duration;
 use sluice_limiter::{Denial, FailureMode, Limiter, Policy};
 use sluice_redis::RedisStore;
 use sluice_testkit::load::{
-    assert_failure_modes, checks, failure_policies, until_the_store_answers,
+    assert_failure_modes, checks, failure_policies, open_fds, until_all_answer,
+    until_the_store_answers,
 };
 use sluice_testkit::proxy::{Fault, FaultProxy};
 use sluice_testkit::{ProxiedCluster, RedisCluster, RedisServer};
@@ -281,11 +282,6 @@ async fn jitter_throttling_and_half_closed_replies() {
     until_the_store_answers(&limiter, Duration::from_secs(2)).await;
 }
 
-/// Open file descriptors of this process.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 /// A thousand connection resets leak nothing: fifty limiters, each with its own
 /// connection, are reset together 22 times over, each time until every one answers from
 /// Redis again (each waits out its client's reconnect backoff, about 0.5 s); afterwards this
@@ -303,21 +299,7 @@ async fn a_thousand_resets_leak_no_connection() {
     for _ in 0..LIMITERS {
         limiters.push(limiter(&url, failure_policies("")).await);
     }
-    let all_answer = |limiters: &Vec<Arc<Limiter>>| {
-        let limiters = limiters.clone();
-        async move {
-            let mut waiting = tokio::task::JoinSet::new();
-            for limiter in limiters {
-                waiting.spawn(async move {
-                    until_the_store_answers(&limiter, Duration::from_secs(5)).await;
-                });
-            }
-            while let Some(done) = waiting.join_next().await {
-                done.unwrap();
-            }
-        }
-    };
-    all_answer(&limiters).await;
+    until_all_answer(&limiters, Duration::from_secs(5)).await;
     let before = open_fds();
     let mut resets = 0;
     for _ in 0..ROUNDS {
@@ -328,7 +310,7 @@ async fn a_thousand_resets_leak_no_connection() {
             assert!(checked.without_store.is_some() || checked.decision.allowed());
         }
         proxy.set(Fault::None);
-        all_answer(&limiters).await;
+        until_all_answer(&limiters, Duration::from_secs(5)).await;
         // Every limiter's probe counts on one key: clear it so its limit is never reached.
         redis.cli(&["FLUSHALL"]).unwrap();
     }

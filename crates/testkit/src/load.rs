@@ -101,3 +101,22 @@ pub async fn until_the_store_answers(limiter: &Limiter, within: Duration) {
         tokio::time::sleep(Duration::from_millis(50)).await; // waiting on a real restart
     }
 }
+
+/// [`until_the_store_answers`] for every one of `limiters` at once.
+pub async fn until_all_answer(limiters: &[Arc<Limiter>], within: Duration) {
+    let mut waiting = JoinSet::new();
+    for limiter in limiters {
+        let limiter = limiter.clone();
+        waiting.spawn(async move { until_the_store_answers(&limiter, within).await });
+    }
+    while let Some(done) = waiting.join_next().await {
+        done.expect("no panic");
+    }
+}
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
