@@ -194,3 +194,41 @@ pub(crate) fn plain_problem(status: StatusCode, detail: &str) -> Response<Bytes>
         .insert(http::header::CONTENT_TYPE, PROBLEM_JSON);
     response
 }
+
+/// The layer's default answer to a denied `decision` of `policy`, for code that decides
+/// without the layer (the Python bindings' framework integrations): 429 with problem+json
+/// and the header fields `which` enables, or 503 when the store could not decide and the
+/// policy fails closed. `None` when the decision admits.
+pub fn refusal(
+    policy: &sluice_limiter::CompiledPolicy,
+    decision: &Decision,
+    which: crate::Headers,
+) -> Option<Response<Bytes>> {
+    if decision.allowed() {
+        return None;
+    }
+    let parts = http::Request::new(()).into_parts().0;
+    let Some(reason) = Reason::of(decision) else {
+        let mut response = unavailable(&parts);
+        let wait = decision
+            .retry_after()
+            .unwrap_or(std::time::Duration::from_secs(1));
+        crate::headers::retry_after(response.headers_mut(), Some(wait));
+        return Some(response);
+    };
+    let denied = Denied {
+        policy: policy.name(),
+        reason,
+        decision: Some(decision),
+        client_ip: None,
+        selectors: &[],
+        request: &parts,
+        shadow: false,
+        challenge: None,
+        challenge_error: None,
+    };
+    let mut response = problem(&denied);
+    let fields = crate::headers::fields(policy, decision, true, which);
+    response.headers_mut().extend(fields);
+    Some(response)
+}

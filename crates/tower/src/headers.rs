@@ -139,6 +139,20 @@ impl PolicyFields {
     }
 }
 
+/// The header fields `which` enables for `decision` under `policy`, as the layer writes them
+/// (`Retry-After` only when `denied`): for code that answers requests without the layer,
+/// such as the Python bindings' framework integrations.
+pub fn fields(
+    policy: &CompiledPolicy,
+    decision: &Decision,
+    denied: bool,
+    which: Headers,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    PolicyFields::new(policy).apply(&mut headers, decision, denied, which);
+    headers
+}
+
 /// `Retry-After` in whole seconds (rounded up), when a wait is known.
 pub(crate) fn retry_after(headers: &mut HeaderMap, wait: Option<Duration>) {
     if let Some(wait) = wait {

@@ -60,11 +60,11 @@ mod rate_limit;
 
 #[cfg(feature = "pow")]
 pub use challenge::ProofOfWork;
-pub use denied::{Denied, Reason, problem};
+pub use denied::{Denied, Reason, problem, refusal};
 pub use error::Error;
 pub use headers::{
     Headers, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET,
+    X_RATELIMIT_RESET, fields as header_fields,
 };
 pub use key::{ClientIp, ClientIpResolver, ForwardedHeader, Key, PeerAddr, hashed};
 pub use outcome::Outcomes;
