@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace. Installs what the tests need where it is missing
-# (Debian packages: redis-server, redis-tools, memcached, curl, faketime, openssl; Python
-# packages: grpcio, xds-protos, redis);
-# tests start their own servers on free ports and stop them by PID.
+# Runs every test of the workspace, then the Python bindings' tests. Installs what the tests
+# need where it is missing (Debian packages: redis-server, redis-tools, memcached, curl,
+# faketime, openssl; Python packages: grpcio, xds-protos, redis; a virtual environment in
+# target/python-venv with bindings/python/requirements-test.txt and the sluice wheel built
+# from this checkout); tests start their own servers on free ports and stop them by PID.
+# Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,3 +25,14 @@ python3 -c "import grpc, envoy.service.ratelimit.v3.rls_pb2, redis" 2>/dev/null 
     python3 -m pip install --quiet grpcio xds-protos redis
 
 cargo test --workspace --locked "$@"
+
+# The Python package, built from this checkout into its own virtual environment (maturin
+# develop: the wheel is built and installed there), then its pytest suites. They use the
+# `sluice` binary the cargo tests just built.
+venv=target/python-venv
+[[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r bindings/python/requirements-test.txt
+VIRTUAL_ENV="$PWD/$venv" "$venv/bin/maturin" develop --quiet --locked \
+    --manifest-path bindings/python/Cargo.toml
+(cd bindings/python && SLUICE_BIN="$PWD/../../target/debug/sluice" "../../$venv/bin/python" -m pytest -q)

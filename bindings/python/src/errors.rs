@@ -24,7 +24,10 @@ where
 
 pub fn policy_error(py: Python<'_>, error: &PolicyError) -> PyErr {
     match error {
-        PolicyError::Rule { policy, error: rule } => raise(
+        PolicyError::Rule {
+            policy,
+            error: rule,
+        } => raise(
             py,
             "RuleError",
             (

@@ -22,6 +22,9 @@ mod errors;
 
 use errors::{config_error, limiter_error, policy_error, store_error};
 
+/// A refusal as Python receives it: `(status, headers, body)`.
+type Refusal<'py> = (u16, Vec<(String, String)>, Bound<'py, PyBytes>);
+
 /// A decision: admitted or not, with the numbers a client needs.
 #[pyclass(frozen, module = "sluice", name = "Decision")]
 struct Decision {
@@ -114,14 +117,13 @@ impl Decision {
         retry_after: bool,
         ietf: bool,
         x_ratelimit: bool,
-    ) -> Option<(u16, Vec<(String, String)>, Bound<'py, PyBytes>)> {
+    ) -> Option<Refusal<'py>> {
         let which = sluice_tower::Headers {
             retry_after,
             ietf,
             x_ratelimit,
         };
-        let response =
-            sluice_tower::refusal(&self.checked.policy, &self.checked.decision, which)?;
+        let response = sluice_tower::refusal(&self.checked.policy, &self.checked.decision, which)?;
         let headers = pairs(response.headers());
         let body = PyBytes::new(py, response.body());
         Some((response.status().as_u16(), headers, body))
@@ -438,7 +440,10 @@ async fn run(
 }
 
 fn borrow(owned: &[(String, String)]) -> Vec<(&str, &str)> {
-    owned.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    owned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
 }
 
 /// The runtime every remote store runs on: the one the asyncio bridge drives, so sync and
@@ -503,8 +508,8 @@ fn policies_from_dict(py: Python<'_>, policies: &Bound<'_, PyDict>) -> PyResult<
     if !tables.is_empty() {
         let mut root = toml::Table::new();
         root.insert("policies".to_owned(), toml::Value::Table(tables));
-        let text = toml::to_string(&root)
-            .map_err(|e| PyValueError::new_err(format!("policies: {e}")))?;
+        let text =
+            toml::to_string(&root).map_err(|e| PyValueError::new_err(format!("policies: {e}")))?;
         let config = sluice_server::config::parse(Path::new("<policies>"), &text)
             .map_err(|e| config_error(py, &e))?;
         out.extend(config.policies);
@@ -651,7 +656,10 @@ impl ClientIp {
     #[pyo3(signature = (peer, headers = Vec::new()))]
     fn resolve(&self, peer: &str, headers: Vec<(String, String)>) -> PyResult<String> {
         let peer = parse_ip(peer)?;
-        Ok(self.resolver.resolve(peer, &header_map(headers)).to_string())
+        Ok(self
+            .resolver
+            .resolve(peer, &header_map(headers))
+            .to_string())
     }
 
     /// The key the client is limited under: its address, or its network for IPv6.
