@@ -17,6 +17,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use sluice_limiter::{Checked, Limiter as RustLimiter, Policy};
+use smallvec::SmallVec;
 
 mod errors;
 
@@ -25,68 +26,89 @@ use errors::{config_error, limiter_error, policy_error, store_error};
 /// A refusal as Python receives it: `(status, headers, body)`.
 type Refusal<'py> = (u16, Vec<(String, String)>, Bound<'py, PyBytes>);
 
-/// A decision: admitted or not, with the numbers a client needs.
+/// A decision: admitted or not, with the numbers a client needs. It holds the Rust answer
+/// and reads each field when asked: most callers look at `allowed` only, so nothing is
+/// formatted or copied for the others.
 #[pyclass(frozen, module = "sluice", name = "Decision")]
 struct Decision {
-    /// Whether the hit was admitted (a shadow policy always admits: see `shadow_denied`).
-    #[pyo3(get)]
-    allowed: bool,
-    /// Hits of cost 1 still admissible: after this hit if admitted, now if denied.
-    #[pyo3(get)]
-    remaining: u64,
-    /// The deciding leaf's capacity (the burst for GCRA, the count otherwise).
-    #[pyo3(get)]
-    limit: u64,
-    /// Seconds until the same hit would pass, when denied and known.
-    #[pyo3(get)]
-    retry_after: Option<f64>,
-    /// Seconds until the deciding leaf is back to full capacity.
-    #[pyo3(get)]
-    reset_after: f64,
-    /// The deciding leaf as rule text, e.g. `ip+user:5/m`.
-    #[pyo3(get)]
-    leaf: String,
-    /// Why it was denied: `limited`, `penalized`, `cost_exceeds_capacity`,
-    /// `store_unavailable`; `None` when admitted.
-    #[pyo3(get)]
-    denial: Option<&'static str>,
-    /// A shadow policy would have denied this hit.
-    #[pyo3(get)]
-    shadow_denied: bool,
-    /// Answered by the near cache without asking the store.
-    #[pyo3(get)]
-    cached: bool,
-    /// The store could not decide; the policy's failure mode (`open`, `closed`, `local`) did.
-    #[pyo3(get)]
-    without_store: Option<&'static str>,
-    /// The policy's name.
-    #[pyo3(get)]
-    policy: String,
     checked: Checked,
 }
 
 impl Decision {
     fn new(checked: Checked) -> Decision {
-        let d = &checked.decision;
-        Decision {
-            allowed: d.allowed(),
-            remaining: d.remaining,
-            limit: d.limit,
-            retry_after: d.retry_after().map(|r| r.as_secs_f64()),
-            reset_after: d.reset_after.as_secs_f64(),
-            leaf: checked.leaf().leaf.to_string(),
-            denial: d.denial.map(|denial| denial.name()),
-            shadow_denied: checked.shadow_denied,
-            cached: checked.cached,
-            without_store: checked.without_store.map(|mode| mode.name()),
-            policy: checked.policy.name().to_owned(),
-            checked,
-        }
+        Decision { checked }
     }
 }
 
 #[pymethods]
 impl Decision {
+    /// Whether the hit was admitted (a shadow policy always admits: see `shadow_denied`).
+    #[getter]
+    fn allowed(&self) -> bool {
+        self.checked.decision.allowed()
+    }
+
+    /// Hits of cost 1 still admissible: after this hit if admitted, now if denied.
+    #[getter]
+    fn remaining(&self) -> u64 {
+        self.checked.decision.remaining
+    }
+
+    /// The deciding leaf's capacity (the burst for GCRA, the count otherwise).
+    #[getter]
+    fn limit(&self) -> u64 {
+        self.checked.decision.limit
+    }
+
+    /// Seconds until the same hit would pass, when denied and known.
+    #[getter]
+    fn retry_after(&self) -> Option<f64> {
+        self.checked.decision.retry_after().map(|r| r.as_secs_f64())
+    }
+
+    /// Seconds until the deciding leaf is back to full capacity.
+    #[getter]
+    fn reset_after(&self) -> f64 {
+        self.checked.decision.reset_after.as_secs_f64()
+    }
+
+    /// The deciding leaf as rule text, e.g. `ip+user:5/m`.
+    #[getter]
+    fn leaf(&self) -> String {
+        self.checked.leaf().leaf.to_string()
+    }
+
+    /// Why it was denied: `limited`, `penalized`, `cost_exceeds_capacity`,
+    /// `store_unavailable`; `None` when admitted.
+    #[getter]
+    fn denial(&self) -> Option<&'static str> {
+        self.checked.decision.denial.map(|denial| denial.name())
+    }
+
+    /// A shadow policy would have denied this hit.
+    #[getter]
+    fn shadow_denied(&self) -> bool {
+        self.checked.shadow_denied
+    }
+
+    /// Answered by the near cache without asking the store.
+    #[getter]
+    fn cached(&self) -> bool {
+        self.checked.cached
+    }
+
+    /// The store could not decide; the policy's failure mode (`open`, `closed`, `local`) did.
+    #[getter]
+    fn without_store(&self) -> Option<&'static str> {
+        self.checked.without_store.map(|mode| mode.name())
+    }
+
+    /// The policy's name.
+    #[getter]
+    fn policy(&self) -> &str {
+        self.checked.policy.name()
+    }
+
     /// The response header fields for this decision, as the tower layer writes them:
     /// `Retry-After` (denied only), the IETF `RateLimit-Policy` and `RateLimit`, and with
     /// `x_ratelimit=True` the `X-RateLimit-Limit/Remaining/Reset` trio.
@@ -130,22 +152,22 @@ impl Decision {
     }
 
     fn __bool__(&self) -> bool {
-        self.allowed
+        self.allowed()
     }
 
     fn __repr__(&self) -> String {
         let mut out = format!(
             "Decision(allowed={}, remaining={}, limit={}, leaf={:?}, policy={:?}",
-            if self.allowed { "True" } else { "False" },
-            self.remaining,
-            self.limit,
-            self.leaf,
-            self.policy
+            if self.allowed() { "True" } else { "False" },
+            self.remaining(),
+            self.limit(),
+            self.leaf(),
+            self.policy()
         );
-        if let Some(denial) = self.denial {
+        if let Some(denial) = self.denial() {
             out.push_str(&format!(", denial={denial:?}"));
         }
-        if let Some(retry) = self.retry_after {
+        if let Some(retry) = self.retry_after() {
             out.push_str(&format!(", retry_after={retry}"));
         }
         out.push(')');
@@ -387,7 +409,7 @@ impl Limiter {
             let pairs = held
                 .iter()
                 .map(|(k, v)| Ok((k.to_str()?, v.to_str()?)))
-                .collect::<PyResult<Vec<_>>>()?;
+                .collect::<PyResult<SmallVec<[_; 4]>>>()?;
             let now = match mode {
                 Mode::Check => self.inner.try_check_now(policy, &pairs, cost),
                 Mode::Peek => self.inner.try_peek_now(policy, &pairs, cost),
@@ -565,20 +587,22 @@ fn to_toml(value: &Bound<'_, PyAny>, at: &[&str]) -> PyResult<toml::Value> {
     )))
 }
 
+/// Selector names and values as Python strings, on the stack for the usual few (a decision
+/// in memory takes a few hundred nanoseconds: two heap allocations would be a good part).
+type Held<'py> = SmallVec<[(Bound<'py, PyString>, Bound<'py, PyString>); 4]>;
+
 /// Selector names and values held as Python strings (ints are written as text).
-fn held_selectors<'py>(
-    selectors: Option<&Bound<'py, PyAny>>,
-) -> PyResult<Vec<(Bound<'py, PyString>, Bound<'py, PyString>)>> {
+fn held_selectors<'py>(selectors: Option<&Bound<'py, PyAny>>) -> PyResult<Held<'py>> {
     let Some(selectors) = selectors else {
-        return Ok(Vec::new());
+        return Ok(Held::new());
     };
     if selectors.is_none() {
-        return Ok(Vec::new());
+        return Ok(Held::new());
     }
     let dict = selectors
         .cast::<PyDict>()
         .map_err(|_| PyTypeError::new_err("selectors must be a dict of str to str"))?;
-    let mut out = Vec::with_capacity(dict.len());
+    let mut out = Held::with_capacity(dict.len());
     for (name, value) in dict.iter() {
         let name = name
             .cast_into::<PyString>()
