@@ -74,6 +74,7 @@ keyword arguments::
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from blinker import Namespace
@@ -219,32 +220,47 @@ class Sluice:
         keymap = None if key is None else KeyMap(key, self._client_ip)
         limited_methods = methods(method)
 
+        def refusal() -> Any:
+            """Counts the request; None lets the view run, anything else is the answer."""
+            if limited_methods is not None and request.method not in limited_methods:
+                return None
+            state = self._state()
+            selectors = self._keymap(state, policy, keymap).selectors(
+                _FlaskView(request, self._user), request
+            )
+            decision = state.limiter.check(policy, selectors, cost)
+            _remember(decision)
+            if decision.allowed:
+                return None
+            refused.send(
+                current_app._get_current_object(),
+                request=request._get_current_object(),
+                decision=decision,
+                selectors=selectors,
+                policy=policy,
+                blocked=bool(block),
+            )
+            if block is False:
+                return None
+            if block == "raise":
+                raise RateLimited(decision, selectors)
+            return self._refuse(decision, selectors)
+
         def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+            if inspect.iscoroutinefunction(view):
+                # Flask runs an async view in an event loop of its own per request, so the
+                # blocking check holds up only this request.
+                @functools.wraps(view)
+                async def limited_async_view(*args: Any, **kwargs: Any) -> Any:
+                    answer = refusal()
+                    return answer if answer is not None else await view(*args, **kwargs)
+
+                return limited_async_view
+
             @functools.wraps(view)
             def limited_view(*args: Any, **kwargs: Any) -> Any:
-                if limited_methods is not None and request.method not in limited_methods:
-                    return view(*args, **kwargs)
-                state = self._state()
-                selectors = self._keymap(state, policy, keymap).selectors(
-                    _FlaskView(request, self._user), request
-                )
-                decision = state.limiter.check(policy, selectors, cost)
-                _remember(decision)
-                if decision.allowed:
-                    return view(*args, **kwargs)
-                refused.send(
-                    current_app._get_current_object(),
-                    request=request._get_current_object(),
-                    decision=decision,
-                    selectors=selectors,
-                    policy=policy,
-                    blocked=bool(block),
-                )
-                if block is False:
-                    return view(*args, **kwargs)
-                if block == "raise":
-                    raise RateLimited(decision, selectors)
-                return self._refuse(decision, selectors)
+                answer = refusal()
+                return answer if answer is not None else view(*args, **kwargs)
 
             return limited_view
 
