@@ -1,0 +1,16 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("hourly/", views.hourly),
+    path("posts-only/", views.posts_only),
+    path("soft/", views.soft),
+    path("login/", views.login),
+    path("login-form/", views.login_form),
+    path("shared/", views.shared),
+    path("report/", views.Report.as_view()),
+    path("async/", views.async_hourly),
+    path("api/ping/", views.unlimited),
+    path("open/ping/", views.unlimited),
+]
