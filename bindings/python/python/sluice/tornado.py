@@ -15,7 +15,7 @@ limit.
     app = Application(
         [(r"/login", Login)],
         sluice_limiter=sluice.Limiter(
-            "redis://127.0.0.1:6379", {"login": "ip:20/m + username:10/h"}
+            "redis://127.0.0.1:6379", {"login": "ip:20/m; username:10/h"}
         ),
     )
 
