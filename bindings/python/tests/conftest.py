@@ -80,6 +80,19 @@ def redis_url(redis_server) -> str:
     return redis_server[0]
 
 
+@pytest.fixture(params=["memory", "redis"])
+def store(request) -> str:
+    """A store URL: each test that takes it runs on memory and on the session's Redis."""
+    if request.param == "memory":
+        return "memory://"
+    return request.getfixturevalue("redis_url")
+
+
+def policy(rule: str, namespace: str) -> dict[str, str]:
+    """A policy dict in its own namespace, so tests on one Redis never share counters."""
+    return {"rule": rule, "namespace": namespace}
+
+
 _namespace = 0
 
 

@@ -20,21 +20,10 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 import sluice
+from conftest import policy
 from sluice.asgi import MAX_FORM_BYTES, RateLimit, RateLimited, RateLimitMiddleware, install
 
 CLIENT = ("203.0.113.5", 50000)
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store(request) -> str:
-    """Each test that takes it runs on both stores."""
-    if request.param == "memory":
-        return "memory://"
-    return request.getfixturevalue("redis_url")
-
-
-def policy(rule: str, namespace: str) -> dict[str, str]:
-    return {"rule": rule, "namespace": namespace}
 
 
 async def echo(request: Request) -> Response:

@@ -10,6 +10,7 @@ import pytest
 from flask import Flask, g, jsonify
 
 import sluice
+from conftest import policy
 from sluice.flask import RateLimited, Sluice, refused
 
 
@@ -17,18 +18,6 @@ def make_app(limiter: Optional[sluice.Limiter] = None, **options: Any) -> tuple[
     app = Flask(__name__)
     app.config["TESTING"] = True
     return app, Sluice(app, limiter, **options)
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store(request) -> str:
-    """Each test that takes it runs on both stores."""
-    if request.param == "memory":
-        return "memory://"
-    return request.getfixturevalue("redis_url")
-
-
-def policy(rule: str, namespace: str) -> dict[str, str]:
-    return {"rule": rule, "namespace": namespace}
 
 
 def test_limit_reached_at_n_plus_one(store, namespace):
