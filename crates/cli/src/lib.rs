@@ -1,5 +1,6 @@
 //! The commands of the `sluice` binary that are not the service (which is
-//! `sluice_server::Server`), as a library so tests can drive them: the trace simulator.
+//! `sluice_server::Server`), as a library so tests can drive them: the trace simulator, its
+//! comparisons of several rules, their pictures and example traces.
 //!
 //! ```
 //! use sluice_limiter::Policy;
@@ -13,4 +14,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod compare;
+pub mod generate;
+pub mod plot;
+pub mod replace_file;
 pub mod simulate;

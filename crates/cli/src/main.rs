@@ -7,13 +7,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sluice_cli::simulate;
 use sluice_core::{Algorithm, Rule};
 use sluice_limiter::{Limiter, MemoryStore, Policy};
 use sluice_server::decision_json;
 use sluice_server::{EnvoyModes, Server, config};
+
+mod simulate_command;
+
+use simulate_command::SimulateArgs;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Distributed rate limiting")]
@@ -73,15 +75,9 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
-    /// Replay a CSV trace (t, selector columns, optional cost) on a virtual clock.
-    Simulate {
-        #[arg(long)]
-        rule: String,
-        #[arg(long)]
-        trace: PathBuf,
-        #[arg(long, default_value = "gcra")]
-        algorithm: Algorithm,
-    },
+    /// Replay a CSV trace (t, selector columns, optional cost) on a virtual clock, draw it, or
+    /// write an example trace.
+    Simulate(SimulateArgs),
     /// Check a policies file and report the first error with its file, line and field.
     Validate {
         #[arg(long)]
@@ -126,11 +122,7 @@ fn main() -> ExitCode {
             selectors,
             cost,
         } => check(&rule, algorithm, &selectors, cost),
-        Command::Simulate {
-            rule,
-            trace,
-            algorithm,
-        } => run_simulation(&rule, &trace, algorithm),
+        Command::Simulate(args) => simulate_command::run(args),
         Command::Validate { config } => validate(&config),
     };
     match result {
@@ -188,32 +180,6 @@ fn check(
         }
         Err(e) => {
             eprintln!("sluice: {e}");
-            Ok(ExitCode::from(INVALID_INPUT))
-        }
-    }
-}
-
-fn run_simulation(
-    rule: &str,
-    trace: &std::path::Path,
-    algorithm: Algorithm,
-) -> anyhow::Result<ExitCode> {
-    let rule = match parse_rule(rule) {
-        Ok(rule) => rule,
-        Err(code) => return Ok(code),
-    };
-    let file =
-        std::fs::File::open(trace).with_context(|| format!("cannot open {}", trace.display()))?;
-    let policy = Policy::from_rule("simulate", rule).algorithm(algorithm);
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
-    let result = simulate::simulate(policy, std::io::BufReader::new(file), &mut out);
-    out.flush()?;
-    match result {
-        Ok(_) => Ok(ExitCode::SUCCESS),
-        Err(simulate::TraceError::Io(e)) => Err(e.into()),
-        Err(e) => {
-            eprintln!("sluice: {}: {e}", trace.display());
             Ok(ExitCode::from(INVALID_INPUT))
         }
     }

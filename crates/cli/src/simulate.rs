@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 
 use serde_json::json;
-use sluice_limiter::{Limiter, ManualClock, MemoryStore, Policy};
+use sluice_limiter::{Checked, Limiter, ManualClock, MemoryStore, Policy, PolicyRef};
 
 use sluice_server::decision_json;
 
@@ -61,52 +61,96 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
         .ok_or_else(bad)
 }
 
-/// Replays `trace` against `policy`, writing one JSON line per request and a summary line.
-pub fn simulate(
-    policy: Policy,
-    trace: impl Read,
-    out: &mut impl Write,
-) -> Result<Summary, TraceError> {
-    let clock = ManualClock::new(0);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
-    let limiter = Limiter::builder(store).clock(clock.clone()).build()?;
-    let compiled = limiter.add_policy(policy)?;
+/// Where the columns of a trace are: `t`, the optional `cost`, and the selector columns (every
+/// other one, in header order).
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// The selector columns' names, in header order.
+    pub selectors: Vec<String>,
+    selector_columns: Vec<usize>,
+    t: usize,
+    cost: Option<usize>,
+}
 
-    let mut reader = csv::ReaderBuilder::new()
-        .trim(csv::Trim::All)
-        .from_reader(trace);
-    let headers = reader.headers()?.clone();
-    let t_column = headers
-        .iter()
-        .position(|h| h == "t")
-        .ok_or_else(|| TraceError::Header("the header has no `t` column".into()))?;
-    let cost_column = headers.iter().position(|h| h == "cost");
-    for leaf in &compiled.leaves {
-        for name in leaf.leaf.selector.names() {
-            if !headers.iter().any(|h| h == name) {
-                return Err(TraceError::Header(format!(
-                    "no column for selector `{name}`"
-                )));
-            }
-        }
+/// One request of a trace.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// The trace line it came from, for messages.
+    pub line: u64,
+    /// Nanoseconds from the start.
+    pub t: u64,
+    /// `t` as written, so the JSON output repeats it unchanged.
+    t_text: String,
+    pub cost: u64,
+    /// The selector values, in the order of [`Header::selectors`].
+    pub values: Vec<String>,
+}
+
+impl Hit {
+    /// The hit's selectors as the limiter takes them.
+    pub fn selectors<'a>(&'a self, header: &'a Header) -> Vec<(&'a str, &'a str)> {
+        header
+            .selectors
+            .iter()
+            .zip(&self.values)
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect()
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(TraceError::Io)?;
+}
 
-    let mut summary = Summary::default();
-    let mut last = 0u64;
-    for record in reader.records() {
-        let record = record?;
+/// Reads a trace one hit at a time, checking that time never goes back.
+pub struct TraceReader<R> {
+    header: Header,
+    records: csv::StringRecordsIntoIter<R>,
+    last: u64,
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Reads the header; hits come from iterating.
+    pub fn new(trace: R) -> Result<Self, TraceError> {
+        let mut reader = csv::ReaderBuilder::new()
+            .trim(csv::Trim::All)
+            .from_reader(trace);
+        let headers = reader.headers()?.clone();
+        let t = headers
+            .iter()
+            .position(|h| h == "t")
+            .ok_or_else(|| TraceError::Header("the header has no `t` column".into()))?;
+        let cost = headers.iter().position(|h| h == "cost");
+        let (selector_columns, selectors) = headers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != t && Some(*i) != cost)
+            .map(|(i, name)| (i, name.to_owned()))
+            .unzip();
+        Ok(TraceReader {
+            header: Header {
+                selectors,
+                selector_columns,
+                t,
+                cost,
+            },
+            records: reader.into_records(),
+            last: 0,
+        })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    fn hit(&mut self, record: &csv::StringRecord) -> Result<Hit, TraceError> {
         let line = record.position().map_or(0, |p| p.line());
         let fail = |message: String| TraceError::Line { line, message };
-        let t_text = record.get(t_column).unwrap_or("");
+        let t_text = record.get(self.header.t).unwrap_or("");
         let t = parse_seconds(t_text).map_err(fail)?;
-        if t < last {
+        if t < self.last {
             return Err(fail(format!("t = {t_text} goes back in time")));
         }
-        last = t;
-        let cost = match cost_column
+        self.last = t;
+        let cost = match self
+            .header
+            .cost
             .and_then(|c| record.get(c))
             .filter(|c| !c.is_empty())
         {
@@ -115,37 +159,127 @@ pub fn simulate(
                 .parse::<u64>()
                 .map_err(|_| fail(format!("cost `{c}` is not a whole number")))?,
         };
-        let selectors: Vec<(&str, &str)> = headers
+        let values = self
+            .header
+            .selector_columns
             .iter()
-            .zip(record.iter())
-            .enumerate()
-            .filter(|(i, _)| *i != t_column && Some(*i) != cost_column)
-            .map(|(_, pair)| pair)
+            .map(|&i| record.get(i).unwrap_or("").to_owned())
             .collect();
-        clock.set(t);
-        let checked = runtime
-            .block_on(limiter.check(&compiled, &selectors, cost))
-            .map_err(|e| fail(e.to_string()))?;
-        let mut line_json = json!({ "t": serde_json::from_str::<serde_json::Value>(t_text.trim_end_matches('.')).unwrap_or(json!(t_text)) });
+        Ok(Hit {
+            line,
+            t,
+            t_text: t_text.to_owned(),
+            cost,
+            values,
+        })
+    }
+}
+
+impl<R: Read> Iterator for TraceReader<R> {
+    type Item = Result<Hit, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let record = match self.records.next()? {
+            Ok(record) => record,
+            Err(e) => return Some(Err(e.into())),
+        };
+        Some(self.hit(&record))
+    }
+}
+
+/// One policy on its own fresh in-memory store and virtual clock.
+pub struct Replay {
+    clock: ManualClock,
+    limiter: Limiter,
+    policy: PolicyRef,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Replay {
+    /// Checks that the trace has a column for every selector the policy names.
+    pub fn new(policy: Policy, header: &Header) -> Result<Replay, TraceError> {
+        let clock = ManualClock::new(0);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limiter = Limiter::builder(store).clock(clock.clone()).build()?;
+        let policy = limiter.add_policy(policy)?;
+        for leaf in &policy.leaves {
+            for name in leaf.leaf.selector.names() {
+                if !header.selectors.contains(name) {
+                    return Err(TraceError::Header(format!(
+                        "no column for selector `{name}`"
+                    )));
+                }
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(TraceError::Io)?;
+        Ok(Replay {
+            clock,
+            limiter,
+            policy,
+            runtime,
+        })
+    }
+
+    /// Decides `hit` at its time.
+    pub fn check(&self, header: &Header, hit: &Hit) -> Result<Checked, TraceError> {
+        self.clock.set(hit.t);
+        self.runtime
+            .block_on(
+                self.limiter
+                    .check(&self.policy, &hit.selectors(header), hit.cost),
+            )
+            .map_err(|e| TraceError::Line {
+                line: hit.line,
+                message: e.to_string(),
+            })
+    }
+}
+
+impl Summary {
+    /// Counts one decision.
+    pub fn add(&mut self, allowed: bool) {
+        self.requests += 1;
+        if allowed {
+            self.allowed += 1;
+        } else {
+            self.denied += 1;
+        }
+    }
+
+    pub fn to_json(self) -> serde_json::Value {
+        json!({
+            "requests": self.requests,
+            "allowed": self.allowed,
+            "denied": self.denied,
+        })
+    }
+}
+
+/// Replays `trace` against `policy`, writing one JSON line per request and a summary line.
+pub fn simulate(
+    policy: Policy,
+    trace: impl Read,
+    out: &mut impl Write,
+) -> Result<Summary, TraceError> {
+    let mut reader = TraceReader::new(trace)?;
+    let replay = Replay::new(policy, reader.header())?;
+    let mut summary = Summary::default();
+    while let Some(hit) = reader.next() {
+        let hit = hit?;
+        let checked = replay.check(reader.header(), &hit)?;
+        let t_text = hit.t_text.trim_end_matches('.');
+        let mut line_json = json!({ "t": serde_json::from_str::<serde_json::Value>(t_text).unwrap_or(json!(hit.t_text)) });
         if let (Some(obj), serde_json::Value::Object(fields)) =
             (line_json.as_object_mut(), decision_json(&checked))
         {
             obj.extend(fields);
         }
         writeln!(out, "{line_json}")?;
-        summary.requests += 1;
-        if checked.decision.allowed() {
-            summary.allowed += 1;
-        } else {
-            summary.denied += 1;
-        }
+        summary.add(checked.decision.allowed());
     }
-    let total = json!({ "summary": {
-        "requests": summary.requests,
-        "allowed": summary.allowed,
-        "denied": summary.denied,
-    }});
-    writeln!(out, "{total}")?;
+    writeln!(out, "{}", json!({ "summary": summary.to_json() }))?;
     Ok(summary)
 }
 
