@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use sluice_core::{Algorithm, Rule};
 use sluice_limiter::{Limiter, MemoryStore, Policy};
 use sluice_server::decision_json;
-use sluice_server::{EnvoyModes, Server, config};
+use sluice_server::{EnvoyModes, Server, UiAccess, config};
 
 mod simulate_command;
 
@@ -61,6 +61,20 @@ enum Command {
         /// Logs on stderr as text or as one JSON object per line.
         #[arg(long, default_value = "text", value_parser = ["text", "json"])]
         log_format: String,
+        /// Serve the live page at /ui (policies, decisions per second, heavy hitters, recent
+        /// refusals). It shows client identifiers: on an address other than loopback it
+        /// needs --ui-token.
+        #[arg(long)]
+        ui: bool,
+        /// Serve the live page to requests carrying this token (`/ui?token=...` or
+        /// `Authorization: Bearer ...`); implies --ui.
+        #[arg(
+            long,
+            value_name = "TOKEN",
+            env = "SLUICE_UI_TOKEN",
+            hide_env_values = true
+        )]
+        ui_token: Option<String>,
     },
     /// Decide one hit on a fresh in-memory store and print the decision as JSON.
     Check {
@@ -102,6 +116,8 @@ fn main() -> ExitCode {
             envoy_shadow_mode,
             envoy_quota_mode,
             log_format,
+            ui,
+            ui_token,
         } => serve(Listeners {
             config,
             listen,
@@ -115,6 +131,11 @@ fn main() -> ExitCode {
                 quota: envoy_quota_mode,
             },
             json_logs: log_format == "json",
+            ui: match ui_token {
+                Some(token) => UiAccess::Token(token),
+                None if ui => UiAccess::Open,
+                None => UiAccess::Off,
+            },
         }),
         Command::Check {
             rule,
@@ -208,6 +229,7 @@ struct Listeners {
     envoy_config: Option<PathBuf>,
     envoy_modes: EnvoyModes,
     json_logs: bool,
+    ui: UiAccess,
 }
 
 fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
@@ -235,6 +257,7 @@ fn serve(args: Listeners) -> anyhow::Result<ExitCode> {
         .http(args.listen)
         .store_url(args.store)
         .envoy_modes(args.envoy_modes)
+        .ui(args.ui)
         .reload_on_hangup(true);
     if let Some(path) = args.config {
         builder = builder.policies_file(path);

@@ -1,7 +1,8 @@
 //! The sluice service, whole: the policy config, the store URL, the HTTP policy API, Envoy's
 //! rate limit service (gRPC and `POST /json`) over envoyproxy/ratelimit's YAML config, the
-//! Redis protocol (`CL.THROTTLE`), Prometheus metrics, readiness and config reload, all
-//! sharing one [`Service`]. `sluice serve` is [`Server`]; a program can embed the same.
+//! Redis protocol (`CL.THROTTLE`), Prometheus metrics, heavy hitters ([`top`]), readiness
+//! and config reload, all sharing one [`Service`]. `sluice serve` is [`Server`]; a program
+//! can embed the same.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), sluice_server::ServeError> {
@@ -59,8 +60,9 @@ mod resp;
 mod serve;
 mod service;
 mod store_url;
+pub mod top;
 
-pub use http::decision_json;
+pub use http::{UiAccess, decision_json};
 pub use listener::Limits;
 pub use metrics::Metrics;
 pub use serve::{ServeError, Server, ServerBuilder};

@@ -5,7 +5,9 @@
 //!
 //! Label values are never chosen by clients: a `policy` label is a configured policy's name
 //! or the kind of a policy made on the fly (`cl.throttle`, `envoy.override`); checks of a
-//! name no policy has are counted in one series without the name.
+//! name no policy has are counted in one series without the name. The one exception, the
+//! heavy hitters' `sluice_top_refused{selectors}` (see [`crate::top`]), is escaped, cut and
+//! at most a few series per policy.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -30,6 +32,15 @@ struct PolicyCounts {
     errors: AtomicU64,
 }
 
+/// One policy's decisions so far, as `sluice_decisions_total` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub allowed: u64,
+    pub denied: u64,
+    pub shadow_denied: u64,
+    pub errors: u64,
+}
+
 /// The service's counters. Cheap on the hot path: one read lock and atomic adds.
 #[derive(Default)]
 pub struct Metrics {
@@ -51,15 +62,29 @@ impl Metrics {
     pub(crate) fn track(&self, names: Vec<String>) {
         let mut map = self.policies.write();
         let mut next = HashMap::with_capacity(names.len() + 2);
-        let kinds = [
-            crate::service::Dynamic::ClThrottle.label(),
-            crate::service::Dynamic::EnvoyOverride.label(),
-        ];
+        let kinds = crate::service::Dynamic::ALL.map(|kind| kind.label());
         for name in names.into_iter().chain(kinds.map(str::to_owned)) {
             let counts = map.remove(&name).unwrap_or_default();
             next.insert(name, counts);
         }
         *map = next;
+    }
+
+    /// Each tracked policy's decisions so far, by name.
+    pub(crate) fn policy_counts(&self) -> HashMap<String, Counts> {
+        self.policies
+            .read()
+            .iter()
+            .map(|(name, c)| {
+                let counts = Counts {
+                    allowed: c.allowed.load(Ordering::Relaxed),
+                    denied: c.denied.load(Ordering::Relaxed),
+                    shadow_denied: c.shadow_denied.load(Ordering::Relaxed),
+                    errors: c.errors.load(Ordering::Relaxed),
+                };
+                (name.clone(), counts)
+            })
+            .collect()
     }
 
     /// Counts a check that named no policy.
@@ -232,7 +257,8 @@ impl Metrics {
     }
 }
 
-fn escape(label: &str) -> String {
+/// A label value as the text format writes it: `\\`, `"` and newlines escaped.
+pub(crate) fn escape(label: &str) -> String {
     label
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

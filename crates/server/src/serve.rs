@@ -10,6 +10,7 @@ use std::time::Duration;
 use sluice_limiter::{DynStore, Limiter, PolicyError, Store};
 use tokio::net::TcpListener;
 
+use crate::http::UiAccess;
 use crate::listener::{Limits, Listener};
 use crate::reload::{self, LoadError, Sources};
 use crate::service::Service;
@@ -41,6 +42,11 @@ pub enum ServeError {
     },
     #[error("gRPC listener failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// The live page would show client identifiers to anyone on a public address.
+    #[error(
+        "--ui on {0} would show client identifiers to anyone who reaches it: give --ui-token, or listen on loopback"
+    )]
+    PublicUi(SocketAddr),
 }
 
 impl ServeError {
@@ -48,7 +54,10 @@ impl ServeError {
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
-            ServeError::Config(_) | ServeError::Store(_) | ServeError::Policy(_)
+            ServeError::Config(_)
+                | ServeError::Store(_)
+                | ServeError::Policy(_)
+                | ServeError::PublicUi(_)
         )
     }
 }
@@ -71,9 +80,20 @@ pub struct ServerBuilder {
     resp_limits: Option<Limits>,
     reload_on_hangup: bool,
     reload_on_change: bool,
+    ui: UiAccess,
+    top: usize,
+    refusals: usize,
 }
 
 impl ServerBuilder {
+    /// Serves the live page (`GET /ui`) on the HTTP listener; off by default. An open page
+    /// ([`UiAccess::Open`]) is refused at [`bind`](ServerBuilder::bind) unless the HTTP
+    /// address is loopback: the page shows client identifiers.
+    pub fn ui(mut self, access: UiAccess) -> Self {
+        self.ui = access;
+        self
+    }
+
     /// The policies file (TOML), reloaded when it changes.
     pub fn policies_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.sources.policies = Some(path.into());
@@ -152,6 +172,19 @@ impl ServerBuilder {
         self
     }
 
+    /// Heavy hitters with `k` counters per policy, kind and minute (64 by default; 0 turns
+    /// them off): see [`ServiceBuilder::top`](crate::ServiceBuilder::top).
+    pub fn top(mut self, k: usize) -> Self {
+        self.top = k;
+        self
+    }
+
+    /// Remember the last `n` refusals (100 by default; 0 keeps none).
+    pub fn refusals(mut self, n: usize) -> Self {
+        self.refusals = n;
+        self
+    }
+
     /// Reload the config when a file of it changes (checked every second; on by default).
     pub fn reload_on_change(mut self, on: bool) -> Self {
         self.reload_on_change = on;
@@ -161,6 +194,9 @@ impl ServerBuilder {
     /// Reads the config, opens the store and binds every listener. Must be called within a
     /// Tokio runtime.
     pub async fn bind(self) -> Result<Server, ServeError> {
+        if self.ui == UiAccess::Open && !self.http.ip().is_loopback() {
+            return Err(ServeError::PublicUi(self.http));
+        }
         let (policies, envoy) = self.sources.load()?;
         let store = match self.store {
             StoreChoice::Store(store) => store,
@@ -179,6 +215,9 @@ impl ServerBuilder {
             Service::builder(Arc::new(limiter.build()?))
                 .envoy(envoy)
                 .envoy_modes(self.envoy_modes)
+                .top(self.top)
+                .refusals(self.refusals)
+                .ui(self.ui)
                 .build(),
         );
         let metrics = service.metrics();
@@ -213,8 +252,11 @@ impl ServerBuilder {
             self.reload_on_hangup,
             self.reload_on_change,
         );
+        let history = (*service.ui_access() != UiAccess::Off)
+            .then(|| crate::http::spawn_history(service.clone()));
         Ok(Server {
             service,
+            history,
             store,
             http,
             grpc,
@@ -264,6 +306,8 @@ pub struct Server {
     grpc: Option<Listener>,
     resp: Option<Listener>,
     reloader: tokio::task::JoinHandle<()>,
+    /// Samples the counters for the live page, when it is on.
+    history: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -280,6 +324,9 @@ impl Server {
             resp_limits: None,
             reload_on_hangup: false,
             reload_on_change: true,
+            ui: UiAccess::Off,
+            top: crate::top::DEFAULT_CAPACITY,
+            refusals: crate::top::DEFAULT_REFUSALS,
         }
     }
 
@@ -339,6 +386,7 @@ impl Server {
             grpc,
             resp,
             reloader,
+            history,
         } = self;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let until_stopped = move || {
@@ -392,8 +440,8 @@ impl Server {
             }
         }
         reloader.abort();
-        if let Some(sweeper) = sweeper {
-            sweeper.abort();
+        for task in sweeper.into_iter().chain(history) {
+            task.abort();
         }
         tracing::info!("shut down cleanly");
         result

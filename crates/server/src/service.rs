@@ -1,6 +1,6 @@
 //! The state every listener shares: the limiter of configured policies, a second limiter for
 //! policies made on the fly (redis-cell's `CL.THROTTLE` parameters, Envoy limit overrides),
-//! the Envoy descriptor trees, metrics and readiness.
+//! the Envoy descriptor trees, metrics, heavy hitters and recent refusals, and readiness.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +12,9 @@ use sluice_limiter::{
 };
 
 use crate::envoy::config::EnvoyConfig;
+use crate::http::{History, UiAccess};
 use crate::metrics::Metrics;
+use crate::top::{DEFAULT_CAPACITY, DEFAULT_REFUSALS, PolicyTop, Refusal, Top};
 
 /// Most on-the-fly policies kept; past it the table starts afresh. Counters live in the
 /// store under names derived from the parameters, so starting afresh loses no count.
@@ -30,6 +32,9 @@ pub enum Dynamic {
 }
 
 impl Dynamic {
+    /// Every kind.
+    pub(crate) const ALL: [Dynamic; 2] = [Dynamic::ClThrottle, Dynamic::EnvoyOverride];
+
     /// The `policy` label of this kind's metrics.
     pub const fn label(self) -> &'static str {
         match self {
@@ -45,8 +50,11 @@ pub struct Service {
     dynamic: Limiter,
     envoy: RwLock<Arc<EnvoyConfig>>,
     metrics: Metrics,
+    top: Top,
     ready: AtomicBool,
     envoy_modes: EnvoyModes,
+    ui: UiAccess,
+    history: History,
 }
 
 /// How Envoy requests are answered beyond their config, as envoyproxy/ratelimit's runtime
@@ -66,9 +74,18 @@ pub struct ServiceBuilder {
     limiter: Arc<Limiter>,
     envoy: EnvoyConfig,
     envoy_modes: EnvoyModes,
+    top: usize,
+    refusals: usize,
+    ui: UiAccess,
 }
 
 impl ServiceBuilder {
+    /// Serves the live page to `access` (see [`UiAccess`]); off by default.
+    pub fn ui(mut self, access: UiAccess) -> Self {
+        self.ui = access;
+        self
+    }
+
     /// envoyproxy/ratelimit's descriptor trees; their limits must be among the limiter's
     /// policies (see [`EnvoyConfig::policies`]).
     pub fn envoy(mut self, envoy: EnvoyConfig) -> Self {
@@ -88,15 +105,32 @@ impl ServiceBuilder {
         self
     }
 
+    /// Heavy hitters with `k` counters per policy, kind (hits, refusals) and minute (64 by
+    /// default; 0 turns them off). Memory per policy with traffic is about `k` x 480 bytes
+    /// plus the labels (see [`top`](crate::top)); a value with more than 1/`k` of a policy's
+    /// hits in the window is always reported.
+    pub fn top(mut self, k: usize) -> Self {
+        self.top = k;
+        self
+    }
+
+    /// Remember the last `n` refusals (100 by default; 0 keeps none).
+    pub fn refusals(mut self, n: usize) -> Self {
+        self.refusals = n;
+        self
+    }
+
     pub fn build(self) -> Service {
         let metrics = Metrics::default();
-        metrics.track(
-            self.limiter
-                .policies()
-                .iter()
-                .map(|p| p.name().to_owned())
-                .collect(),
-        );
+        let names: Vec<String> = self
+            .limiter
+            .policies()
+            .iter()
+            .map(|p| p.name().to_owned())
+            .collect();
+        let top = Top::new(self.top, self.refusals);
+        top.track(tracked(&names));
+        metrics.track(names);
         Service {
             // Policies made on the fly decide on the same store as the configured ones.
             dynamic: Limiter::builder(self.limiter.store().clone())
@@ -105,8 +139,11 @@ impl ServiceBuilder {
             limiter: self.limiter,
             envoy: RwLock::new(Arc::new(self.envoy)),
             metrics,
+            top,
             ready: AtomicBool::new(false),
             envoy_modes: self.envoy_modes,
+            ui: self.ui,
+            history: History::default(),
         }
     }
 }
@@ -118,7 +155,20 @@ impl Service {
             limiter,
             envoy: EnvoyConfig::default(),
             envoy_modes: EnvoyModes::default(),
+            top: DEFAULT_CAPACITY,
+            refusals: DEFAULT_REFUSALS,
+            ui: UiAccess::Off,
         }
+    }
+
+    /// The counters' last minutes, for the live page's chart (empty while the page is off).
+    pub(crate) fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Who may see the live page (`GET /ui`); nobody by default.
+    pub fn ui_access(&self) -> &UiAccess {
+        &self.ui
     }
 
     /// The limiter of configured policies.
@@ -151,9 +201,10 @@ impl Service {
         envoy: EnvoyConfig,
     ) -> Result<(), PolicyError> {
         policies.extend(envoy.policies.iter().cloned());
-        let names = policies.iter().map(|p| p.name.clone()).collect();
+        let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
         self.limiter.replace_policies(policies)?;
         *self.envoy.write() = Arc::new(envoy);
+        self.top.track(tracked(&names));
         self.metrics.track(names);
         Ok(())
     }
@@ -195,6 +246,7 @@ impl Service {
         let result = self.limiter.check(policy, selectors, cost).await;
         self.metrics
             .observe(policy.name(), &result, started.elapsed());
+        self.observe_top(policy.name(), selectors, &result);
         result
     }
 
@@ -228,7 +280,42 @@ impl Service {
         let result = self.dynamic.check(&policy, selectors, cost).await;
         self.metrics
             .observe(kind.label(), &result, started.elapsed());
+        self.observe_top(kind.label(), selectors, &result);
         result
+    }
+
+    /// Counts a decision in the heavy hitters and, if refused, the recent refusals, at the
+    /// limiter's time.
+    fn observe_top(&self, name: &str, selectors: &Selectors<'_>, result: &Result<Checked, Error>) {
+        if let Ok(checked) = result {
+            let now = self.limiter.clock().now();
+            self.top.observe(now, name, selectors, checked);
+        }
+    }
+
+    /// The `n` values (at most K, see [`ServiceBuilder::top`]) with the most hits and the
+    /// most refusals of `policy` (a configured policy's name, or an on-the-fly kind:
+    /// `cl.throttle`, `envoy.override`) over the last minutes; `None` when there is no such
+    /// policy or heavy hitters are off.
+    pub fn top(&self, policy: &str, n: usize) -> Option<PolicyTop> {
+        self.top.policy(self.limiter.clock().now(), policy, n)
+    }
+
+    /// [`Service::top`] of every policy and on-the-fly kind, by name.
+    pub fn top_all(&self, n: usize) -> Vec<PolicyTop> {
+        self.top.all(self.limiter.clock().now(), n)
+    }
+
+    /// The last `n` refusals (at most as many as [`ServiceBuilder::refusals`] keeps), newest
+    /// first.
+    pub fn recent_refusals(&self, n: usize) -> Vec<Refusal> {
+        self.top.recent_refusals(n)
+    }
+
+    /// The heavy hitters and refusal ring themselves: their sizes, and the
+    /// `sluice_top_refused` metrics.
+    pub fn heavy_hitters(&self) -> &Top {
+        &self.top
     }
 
     /// Counters of both limiters, summed.
@@ -243,4 +330,12 @@ impl Service {
             failed_local: a.failed_local + b.failed_local,
         }
     }
+}
+
+/// The names heavy hitters are kept for: the policies and the on-the-fly kinds.
+fn tracked(names: &[String]) -> impl Iterator<Item = String> + '_ {
+    names
+        .iter()
+        .cloned()
+        .chain(Dynamic::ALL.map(|kind| kind.label().to_owned()))
 }

@@ -1,14 +1,18 @@
 //! The HTTP listener: the policy API (`/v1/...`, `/health`), envoyproxy/ratelimit's
-//! `POST /json`, Prometheus `/metrics`, `/live` and `/ready`, over HTTP/1.1 and HTTP/2.
+//! `POST /json`, Prometheus `/metrics`, `/live` and `/ready`, the live page (`/ui`, off by
+//! default), over HTTP/1.1 and HTTP/2.
 //!
 //! Slow and silent clients are cut off: a new connection must send its first byte within
 //! the listener's deadline and its request headers within [`HEADER_TIMEOUT`]; a request,
 //! body included, is answered within [`REQUEST_TIMEOUT`]; a body announced larger than
 //! [`MAX_BODY`] is refused with 413 before it is read.
 
+mod access;
 mod api;
 mod decision;
 mod ops;
+mod top;
+mod ui;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,7 +30,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde_json::json;
 
+pub use access::UiAccess;
 pub use decision::decision_json;
+pub(crate) use ui::{History, spawn_history};
 
 use crate::listener::Listener;
 use crate::service::Service;
@@ -46,7 +52,9 @@ const HTTP2_PING: Duration = Duration::from_secs(20);
 /// Every route the service answers over HTTP.
 pub fn router(service: Arc<Service>) -> Router {
     api::router(service.clone())
-        .merge(ops::router(service))
+        .merge(top::router(service.clone()))
+        .merge(ops::router(service.clone()))
+        .merge(ui::router(service))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(guard))
