@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, then the Python bindings' tests. Installs what the tests
 # need where it is missing (Debian packages: redis-server, redis-tools, memcached, curl,
-# faketime, openssl; Python packages: grpcio, xds-protos, redis; a virtual environment in
-# target/python-venv with bindings/python/requirements-test.txt and the sluice wheel built
-# from this checkout); tests start their own servers on free ports and stop them by PID.
+# faketime, openssl, and chromium for the live page's browser test; Python packages:
+# grpcio, xds-protos, redis; a virtual environment in target/python-venv with
+# bindings/python/requirements-test.txt and the sluice wheel built from this checkout);
+# tests start their own servers on free ports and stop them by PID.
 # Arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ command -v memcached >/dev/null || missing+=(memcached)
 command -v curl >/dev/null || missing+=(curl)
 command -v faketime >/dev/null || missing+=(faketime)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v chromium >/dev/null || missing+=(chromium)
 if ((${#missing[@]})); then
     scripts/apt-install.sh "${missing[@]}"
 fi

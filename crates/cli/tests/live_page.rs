@@ -226,3 +226,38 @@ fn an_open_page_on_a_public_address_is_refused_at_start() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("--ui-token"), "{stderr}");
 }
+
+#[test]
+fn the_grafana_dashboard_queries_only_metrics_the_service_serves() {
+    let server = Server::start(CONFIG);
+    let check = r#"{"policy":"login","selectors":{"ip":"203.0.113.7"}}"#;
+    for _ in 0..4 {
+        curl("POST", &format!("{}/v1/check", server.base), Some(check));
+    }
+    let (_, metrics) = curl("GET", &format!("{}/metrics", server.base), None);
+    let served: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/grafana-dashboard.json");
+    let dashboard = std::fs::read_to_string(path).unwrap();
+    json(&dashboard); // valid JSON
+    let mut queried = std::collections::BTreeSet::new();
+    let mut rest = dashboard.as_str();
+    while let Some(at) = rest.find("sluice_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        queried.insert(name);
+    }
+    assert!(queried.len() >= 10, "{queried:?}");
+    for name in &queried {
+        assert!(
+            served.contains(name.as_str()),
+            "the dashboard queries {name}, which /metrics does not serve"
+        );
+    }
+}
