@@ -20,25 +20,35 @@ base=$(sed -n 's/^sluice listening on //p' "$out" | head -1)
 burst() {
     local policy=$1 selectors=$2 count=$3 args=()
     for ((i = 0; i < count; i++)); do
-        args+=(--data-binary "{\"policy\":\"$policy\",\"selectors\":$selectors}" "$base/v1/check" --next)
+        # curl's options hold until --next, so each request repeats them.
+        args+=(-s -o /dev/null -H 'content-type: application/json'
+            --data-binary "{\"policy\":\"$policy\",\"selectors\":$selectors}" "$base/v1/check" --next)
     done
-    curl -s -o /dev/null -H 'content-type: application/json' "${args[@]}" "$base/health"
+    curl "${args[@]}" -s -o /dev/null "$base/health"
 }
 
 phase() {  # phase SECONDS ATTACK: a second of traffic at a time
     local seconds=$1 attack=$2
     for ((s = 0; s < seconds; s++)); do
-        for key in alpha beta gamma delta; do burst api "{\"apikey\":\"$key\"}" 3 & done
+        local pids=()
+        for key in alpha beta gamma delta; do
+            burst api "{\"apikey\":\"$key\"}" 3 &
+            pids+=($!)
+        done
         burst exports "{\"user\":\"u$((s % 5))\"}" 4 &
+        pids+=($!)
         burst search-trial "{\"user\":\"trial-$((s % 3))\"}" 15 &
+        pids+=($!)
         if ((attack)); then
             for n in 1 2 3 4 5 6; do
                 burst login "{\"ip\":\"198.51.100.$((n * 7 + s % 4))\",\"user\":\"admin\"}" 8 &
+                pids+=($!)
             done
         else
             burst login "{\"ip\":\"203.0.113.$((s % 9))\",\"user\":\"u$((s % 5))\"}" 1 &
+            pids+=($!)
         fi
-        wait
+        wait "${pids[@]}"  # this round's clients, not the server
         sleep 0.5  # pacing the load to about one round a second, not a synchronisation
     done
 }
