@@ -7,6 +7,9 @@
 #   without_layer instructions_per_request=16139
 #   with_layer instructions_per_request=20948 added=4809
 #
+# `refused` is a request the layer refuses (429 with the default problem+json body): under a
+# flood most requests are, so its whole cost is compared with `without_layer`'s.
+#
 # Counts the server's user-space instructions only: not the kernel's share of a request
 # (most of it on a trivial handler), nor cache misses or contention between cores, which
 # overhead.sh's throughput sees. Installs valgrind from Debian when missing.
@@ -23,7 +26,7 @@ valgrind --tool=callgrind --callgrind-out-file="$dir/out" \
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
-targets=(without_layer with_layer_no_fields with_layer with_layer_all_fields with_layer_per_route)
+targets=(without_layer with_layer_no_fields with_layer with_layer_all_fields with_layer_per_route refused)
 for _ in $(seq 300); do
     [[ $(wc -l <"$dir/log") -ge ${#targets[@]} ]] && break
     sleep 0.1

@@ -4,10 +4,12 @@
 //! the same layer sending every header field, and sending none (the limiter's own cost);
 //! behind the layer applied with `Router::layer`, which wraps each route (axum then boxes
 //! and clones per request on the layer's behalf, as it does for any layer applied so); and
-//! without the layer. `benches/overhead.sh` drives them with wrk.
+//! without the layer; and behind a layer whose policy refuses every request after the first
+//! (`refused`). `benches/overhead.sh` drives them with wrk.
 //!
 //! Prints one `NAME http://ADDR` line per port once all are bound: `with_layer`,
-//! `with_layer_all_fields`, `with_layer_no_fields`, `with_layer_per_route`, `without_layer`.
+//! `with_layer_all_fields`, `with_layer_no_fields`, `with_layer_per_route`, `without_layer`,
+//! `refused`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -60,16 +62,20 @@ async fn main() {
     let limiter = Limiter::builder(MemoryStore::new())
         // As high as a rule goes: every request is checked and recorded, none refused.
         .policy(Policy::new("bench", "ip:1000000000000/s").expect("rule"))
+        // One hit an hour: after the first request, every request is refused (429 with the
+        // default problem+json body), the path a flood takes.
+        .policy(Policy::new("refused", "ip:1/h").expect("rule"))
         .build()
         .expect("policy");
     let limiter = Arc::new(limiter);
-    let layer = |headers| {
-        RateLimitLayer::builder(limiter.clone(), "bench")
+    let layer_of = |policy: &str, headers| {
+        RateLimitLayer::builder(limiter.clone(), policy)
             .selector("ip", Key::client_ip())
             .headers(headers)
             .build()
             .expect("layer")
     };
+    let layer = |headers| layer_of("bench", headers);
     let servers = [
         serve_around("with_layer", app(), layer(Headers::default())).await,
         serve_around("with_layer_all_fields", app(), layer(Headers::ALL)).await,
@@ -80,6 +86,7 @@ async fn main() {
         )
         .await,
         serve("without_layer", app()).await,
+        serve_around("refused", app(), layer_of("refused", Headers::default())).await,
     ];
     let _ = std::io::stdout().flush();
     for server in servers {
