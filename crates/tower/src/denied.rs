@@ -217,7 +217,7 @@ pub(crate) fn detail(denied: &Denied<'_>) -> String {
 fn write_detail(out: &mut String, denied: &Denied<'_>, name: fn(&mut String, &str)) {
     let policy = denied.policy;
     let wait = denied.decision.and_then(|d| d.retry_after());
-    let mut tail = |out: &mut String| {
+    let tail = |out: &mut String| {
         if let Some(wait) = wait {
             out.push_str("; retry after ");
             out.push_str(itoa::Buffer::new().format(whole_seconds(wait)));
