@@ -48,6 +48,19 @@ pub static SPLIT: LazyLock<Lua> = LazyLock::new(|| {
 /// The Lua library alone, for test entry points that pass `now` themselves.
 pub const ALGORITHMS_LUA: &str = include_str!("lua/algorithms.lua");
 
+/// The lean script for one GCRA leaf without a penalty, the most common hit: the decision of
+/// [`DECIDE`] for that shape without rebuilding the library on every call (see
+/// [`gcra_one_arguments`]).
+pub static GCRA_ONE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/redis_now.lua"),
+        include_str!("lua/gcra_one.lua")
+    ))
+});
+
+/// The lean script's body alone, for test entry points that define `now` themselves.
+pub const GCRA_ONE_LUA: &str = include_str!("lua/gcra_one.lua");
+
 /// The script's number for `algorithm`. An algorithm the script does not know is an error,
 /// never another algorithm's decision.
 pub(crate) fn algorithm_code(algorithm: Algorithm) -> Result<u8, RedisError> {
@@ -82,14 +95,40 @@ pub fn shape_text(shape: &Shape, out: &mut String) {
     }
 }
 
-/// ARGV for a hit (see `run` in algorithms.lua), with quotas recounted in microseconds.
-pub fn arguments(hit: &Hit<'_>, token: u64) -> Result<Vec<String>, RedisError> {
-    let ev = &hit.evaluation;
-    let recording = match ev.recording {
+/// The scripts' number for a recording mode.
+fn recording_code(recording: Recording) -> u8 {
+    match recording {
         Recording::Admitted => 0,
         Recording::Always => 1,
         _ => 2,
+    }
+}
+
+/// ARGV for [`GCRA_ONE`] (cost, recording, interval, burst, window, in microseconds) when
+/// `hit` has its shape: one leaf, GCRA, no penalty; `None` sends it to [`DECIDE`].
+pub fn gcra_one_arguments(hit: &Hit<'_>) -> Result<Option<Vec<String>>, RedisError> {
+    let ev = &hit.evaluation;
+    let ([quota], [_], Shape::Leaf(0), None) = (ev.quotas, hit.identifiers, ev.shape, ev.penalty)
+    else {
+        return Ok(None);
     };
+    if quota.algorithm() != Algorithm::Gcra {
+        return Ok(None);
+    }
+    let q = micro(quota)?;
+    Ok(Some(vec![
+        ev.cost.to_string(),
+        recording_code(ev.recording).to_string(),
+        q.interval_ticks().to_string(),
+        q.burst().to_string(),
+        q.window_ticks().to_string(),
+    ]))
+}
+
+/// ARGV for a hit (see `run` in algorithms.lua), with quotas recounted in microseconds.
+pub fn arguments(hit: &Hit<'_>, token: u64) -> Result<Vec<String>, RedisError> {
+    let ev = &hit.evaluation;
+    let recording = recording_code(ev.recording);
     let mut shape = String::new();
     shape_text(ev.shape, &mut shape);
     let mut args = Vec::with_capacity(5 + ev.quotas.len() * 6 + 4);

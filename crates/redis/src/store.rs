@@ -12,7 +12,7 @@ use sluice_core::Decision;
 use sluice_limiter::{Hit, Identifier, Store, StoreError};
 
 use crate::RedisError;
-use crate::script::{DECIDE, Lua, arguments, decision};
+use crate::script::{DECIDE, GCRA_ONE, Lua, arguments, decision, gcra_one_arguments};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
@@ -329,7 +329,8 @@ impl RedisStore {
         }
     }
 
-    /// Decides `hit` in one script call. Every key must be in one slot on a cluster.
+    /// Decides `hit` in one script call: the lean script for one GCRA leaf without a
+    /// penalty, the whole one otherwise. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
         let keys: Vec<String> = hit
             .identifiers
@@ -337,8 +338,13 @@ impl RedisStore {
             .chain(hit.penalty_identifier)
             .map(key)
             .collect();
-        let args = arguments(hit, self.next_token())?;
-        let reply: Vec<i64> = self.eval(&DECIDE, &keys, &args).await?;
+        let reply: Vec<i64> = match gcra_one_arguments(hit)? {
+            Some(args) => self.eval(&GCRA_ONE, &keys, &args).await?,
+            None => {
+                let args = arguments(hit, self.next_token())?;
+                self.eval(&DECIDE, &keys, &args).await?
+            }
+        };
         decision(&reply)
     }
 

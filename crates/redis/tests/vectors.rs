@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{ALGORITHMS_LUA, TICK_NS, arguments};
+use sluice_redis::script::{ALGORITHMS_LUA, GCRA_ONE_LUA, TICK_NS, arguments, gcra_one_arguments};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
     self, LeafSpec, case_from, penalty_record_from, state_from, state_json, without_expected,
@@ -23,6 +23,19 @@ use sluice_testkit::vectors::{
 /// The test entry point: the production one (decide.lua) reads Redis's clock and never takes
 /// the time from its caller; this one takes `now` as the last argument.
 const TEST_ENTRY: &str = "\nreturn run(tonumber(ARGV[#ARGV]))";
+
+/// The lean script's test entry: its production entry (redis_now.lua) sets `now` from
+/// Redis's clock; this one from the last argument.
+const LEAN_TEST_ENTRY: &str = "local now = tonumber(ARGV[#ARGV])\n";
+
+/// Which script a vector runs through.
+#[derive(Clone, Copy, PartialEq)]
+enum Script {
+    /// The library and `run`: every vector.
+    Full,
+    /// gcra_one.lua: the vectors of one GCRA leaf without a penalty.
+    Lean,
+}
 
 /// Expiry of the keys this test writes (2100-01-01, in ms): a key still carrying it was not
 /// rewritten by the script.
@@ -41,7 +54,8 @@ fn lua_reproduces_every_vector() {
 
     let mut failures = Vec::new();
     for (index, vector) in vectors.iter().enumerate() {
-        let problems = check(&mut con, &script, index, vector);
+        let problems = check(&mut con, &script, Script::Full, index, vector)
+            .expect("the full script takes every vector");
         if !problems.is_empty() {
             failures.push(format!(
                 "vector {index}:\n  {}\n  case: {}",
@@ -59,8 +73,46 @@ fn lua_reproduces_every_vector() {
     );
 }
 
-/// Runs one vector; returns what differs from the core's outcome.
-fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json) -> Vec<String> {
+#[test]
+fn lean_script_reproduces_every_single_leaf_gcra_vector() {
+    let vectors = vectors::parse(vectors::FILE_TEXT);
+    let server = RedisServer::start().expect("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_connection().expect("connect");
+    let script = format!("{LEAN_TEST_ENTRY}{GCRA_ONE_LUA}");
+
+    let (mut ran, mut failures) = (0, Vec::new());
+    for (index, vector) in vectors.iter().enumerate() {
+        let Some(problems) = check(&mut con, &script, Script::Lean, index, vector) else {
+            continue;
+        };
+        ran += 1;
+        if !problems.is_empty() {
+            failures.push(format!(
+                "vector {index}:\n  {}\n  case: {}",
+                problems.join("\n  "),
+                without_expected(vector)
+            ));
+        }
+    }
+    assert!(ran >= 30, "only {ran} single-leaf GCRA vectors");
+    assert!(
+        failures.is_empty(),
+        "the lean script disagrees with the core on {} of {ran} vectors:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Runs one vector through `script`; returns what differs from the core's outcome, or `None`
+/// when the vector is not of the script's shape.
+fn check(
+    con: &mut redis::Connection,
+    script: &str,
+    kind: Script,
+    index: usize,
+    vector: &Json,
+) -> Option<Vec<String>> {
     let case = case_from(vector);
     // Nanosecond quotas and penalty, as the limiter hands them to the store.
     let quotas: Vec<Quota> = case.leaves.iter().map(LeafSpec::quota_ns).collect();
@@ -112,7 +164,10 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
         },
         penalty_identifier: penalty.is_some().then_some(&penalty_id),
     };
-    let mut args = arguments(&hit, index as u64).expect("arguments");
+    let mut args = match kind {
+        Script::Full => arguments(&hit, index as u64).expect("arguments"),
+        Script::Lean => gcra_one_arguments(&hit).expect("arguments")?,
+    };
     args.push(case.now.to_string());
 
     // The script and the read-back in one transaction: time is frozen inside it, so a key
@@ -140,7 +195,7 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
     }
     let replies: Vec<Value> = match run.query(con) {
         Ok(replies) => replies,
-        Err(e) => return vec![format!("the script failed: {e}")],
+        Err(e) => return Some(vec![format!("the script failed: {e}")]),
     };
     let after_ms = server_ms(con);
 
@@ -202,7 +257,7 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
         let expiry = int(&replies.next().unwrap());
         let stored = match read_penalty(&raw) {
             Ok(stored) => stored,
-            Err(e) => return [problems, vec![format!("penalty: {e}")]].concat(),
+            Err(e) => return Some([problems, vec![format!("penalty: {e}")]].concat()),
         };
         let wanted = penalty_record_from(&vector["expected"]["penalty_record"]);
         let fresh = |r: PenaltyState| {
@@ -227,7 +282,7 @@ fn check(con: &mut redis::Connection, script: &str, index: usize, vector: &Json)
             expiry_window(penalty.expires_at(&wanted)),
         ));
     }
-    problems
+    Some(problems)
 }
 
 /// Every key has an expiry; a key the script rewrote expires when its state does.
