@@ -150,22 +150,12 @@ fn json_endpoint_metrics_and_readiness() {
     assert_eq!(curl("GET", &format!("{}/live", server.base), None).0, 200);
 }
 
-fn redis_cli(server: &Server, args: &[&str]) -> String {
-    let (host, port) = server.resp.rsplit_once(':').unwrap();
-    let output = Command::new("redis-cli")
-        .args(["-h", host, "-p", port])
-        .args(args)
-        .output()
-        .expect("run redis-cli");
-    String::from_utf8(output.stdout).unwrap()
-}
-
 #[test]
 fn redis_cli_and_redis_py_speak_cl_throttle() {
     let server = Server::start_with("[policies.api]\nrule = \"user:2/h\"\n", &[], |b| b);
-    assert_eq!(redis_cli(&server, &["PING"]).trim(), "PONG");
+    assert_eq!(server.redis_cli(&["PING"]).trim(), "PONG");
     // redis-cell's README: the first call on a fresh key.
-    let first = redis_cli(&server, &["CL.THROTTLE", "user123", "15", "30", "60", "1"]);
+    let first = server.redis_cli(&["CL.THROTTLE", "user123", "15", "30", "60", "1"]);
     assert_eq!(
         first.split_whitespace().collect::<Vec<_>>(),
         ["0", "16", "15", "-1", "2"]
@@ -173,7 +163,7 @@ fn redis_cli_and_redis_py_speak_cl_throttle() {
     // A burst of 16 is spent by 15 more; the 17th waits one emission interval (2 s).
     let mut last = String::new();
     for _ in 0..16 {
-        last = redis_cli(&server, &["CL.THROTTLE", "user123", "15", "30", "60"]);
+        last = server.redis_cli(&["CL.THROTTLE", "user123", "15", "30", "60"]);
     }
     let last: Vec<i64> = last
         .split_whitespace()
@@ -183,13 +173,21 @@ fn redis_cli_and_redis_py_speak_cl_throttle() {
     assert!((1..=2).contains(&last[3]), "retry_after {last:?}");
     assert!((31..=32).contains(&last[4]), "reset_after {last:?}");
     // Quantity 0 peeks; unknown commands are errors, not dropped connections.
-    let peek = redis_cli(&server, &["CL.THROTTLE", "fresh", "0", "1", "10", "0"]);
+    let peek = server.redis_cli(&["CL.THROTTLE", "fresh", "0", "1", "10", "0"]);
     assert_eq!(
         peek.split_whitespace().collect::<Vec<_>>(),
         ["0", "1", "1", "-1", "0"]
     );
-    assert!(redis_cli(&server, &["NOSUCH", "x"]).contains("unknown command"));
-    assert!(redis_cli(&server, &["CL.THROTTLE", "k", "x", "1", "1"]).contains("ERR"));
+    assert!(
+        server
+            .redis_cli(&["NOSUCH", "x"])
+            .contains("unknown command")
+    );
+    assert!(
+        server
+            .redis_cli(&["CL.THROTTLE", "k", "x", "1", "1"])
+            .contains("ERR")
+    );
 
     let (host, port) = server.resp.rsplit_once(':').unwrap();
     let script = r#"

@@ -3,8 +3,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 use sluice_testkit::http::{Http1, curl, json};
 use support::Server;
@@ -27,16 +25,6 @@ fn check(client: &mut Http1, policy: &str, selectors: Value) -> bool {
 fn get(server: &Server, path: &str) -> (u16, Value) {
     let (status, body) = curl("GET", &format!("{}{path}", server.base), None);
     (status, json(&body))
-}
-
-fn redis_cli(server: &Server, args: &[&str]) -> String {
-    let (host, port) = server.resp.rsplit_once(':').unwrap();
-    let output = Command::new("redis-cli")
-        .args(["-h", host, "-p", port])
-        .args(args)
-        .output()
-        .expect("run redis-cli");
-    String::from_utf8(output.stdout).unwrap()
 }
 
 #[test]
@@ -79,9 +67,9 @@ fn the_heaviest_and_most_refused_values_are_reported_per_policy() {
 
     // Every protocol's decisions are counted: RESP's SLUICE.CHECK under the policy,
     // CL.THROTTLE under its kind.
-    redis_cli(&server, &["SLUICE.CHECK", "api", "1", "user", "carol"]);
+    server.redis_cli(&["SLUICE.CHECK", "api", "1", "user", "carol"]);
     for _ in 0..3 {
-        redis_cli(&server, &["CL.THROTTLE", "user:dave", "0", "1", "60"]);
+        server.redis_cli(&["CL.THROTTLE", "user:dave", "0", "1", "60"]);
     }
     let (_, all) = get(&server, "/v1/top?n=1");
     assert_eq!(all["window_seconds"], 300);

@@ -185,17 +185,23 @@ mod tests {
         move |out: &mut String| out.push_str(&format!("v={item}"))
     }
 
+    /// Every counter as (label, count, error), sorted.
+    fn sorted(sketch: &SpaceSaving) -> Vec<(&str, u64, u64)> {
+        let mut counters: Vec<_> = sketch
+            .counters()
+            .map(|c| (c.label, c.count, c.error))
+            .collect();
+        counters.sort();
+        counters
+    }
+
     #[test]
     fn exact_until_full() {
         let mut sketch = SpaceSaving::new(4);
         for item in [1, 2, 1, 3, 1, 2] {
             sketch.add(item, label(item));
         }
-        let mut counters: Vec<_> = sketch
-            .counters()
-            .map(|c| (c.label, c.count, c.error))
-            .collect();
-        counters.sort();
+        let counters = sorted(&sketch);
         assert_eq!(counters, [("v=1", 3, 0), ("v=2", 2, 0), ("v=3", 1, 0)]);
         assert_eq!((sketch.min(), sketch.total()), (0, 6));
     }
@@ -206,11 +212,7 @@ mod tests {
         for item in [1, 1, 1, 2, 2, 3] {
             sketch.add(item, label(item));
         }
-        let mut counters: Vec<_> = sketch
-            .counters()
-            .map(|c| (c.label, c.count, c.error))
-            .collect();
-        counters.sort();
+        let counters = sorted(&sketch);
         // 3 took 2's counter: counted 2 + 1, of which 2 may be 2's.
         assert_eq!(counters, [("v=1", 3, 0), ("v=3", 3, 2)]);
         assert_eq!(sketch.min(), 3);

@@ -28,6 +28,17 @@ pub struct Server {
 }
 
 impl Server {
+    /// One `redis-cli` call on the RESP listener; its standard output.
+    pub fn redis_cli(&self, args: &[&str]) -> String {
+        let (host, port) = self.resp.rsplit_once(':').unwrap();
+        let output = std::process::Command::new("redis-cli")
+            .args(["-h", host, "-p", port])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8(output.stdout).unwrap()
+    }
+
     /// Starts the service on `config` (TOML policies).
     pub fn start(config: &str) -> Server {
         Server::start_with(config, &[], |b| b)

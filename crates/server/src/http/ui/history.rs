@@ -45,11 +45,16 @@ impl History {
     }
 }
 
+/// Seconds since the Unix epoch, as the page's times are given.
+pub fn unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// The service's counts now, as a sample.
 pub fn sample(service: &Service) -> Sample {
-    let time = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let time = unix_seconds();
     let mut counts: Vec<(String, u64, u64)> = service
         .metrics()
         .policy_counts()

@@ -4,7 +4,6 @@
 //! listener it takes a token.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -90,14 +89,11 @@ async fn state(
 
 /// Everything the page shows, read at one moment.
 pub(crate) fn snapshot(service: &Service) -> Value {
-    let time = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let time = history::unix_seconds();
     let stats = service.limiter_stats();
     let counts = service.metrics().policy_counts();
-    let policies: Vec<Value> = service
-        .limiter()
-        .policies()
+    let all = service.limiter().policies();
+    let policies: Vec<Value> = all
         .iter()
         .map(|policy| {
             let name = policy.name();
@@ -113,7 +109,7 @@ pub(crate) fn snapshot(service: &Service) -> Value {
         })
         .collect();
     let mut top = serde_json::Map::new();
-    for policy in service.limiter().policies() {
+    for policy in &all {
         if let Some(hitters) = service.top(policy.name(), TOP_SHOWN) {
             top.insert(
                 policy.name().to_owned(),
