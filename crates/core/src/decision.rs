@@ -37,27 +37,34 @@ pub enum Denial {
     CostExceedsCapacity,
     /// The store could not decide and the policy fails closed.
     StoreUnavailable,
+    /// Every slot of a concurrency leaf is held. A slot frees when a holder releases, which
+    /// nobody can know in advance, or when a lease expires: `retry_after` is the time until
+    /// the earliest held lease expires, a bound that holds unless its holder renews it. A
+    /// client may retry sooner (a release frees a slot at once).
+    Occupied { retry_after: Duration },
 }
 
 impl Denial {
     /// The reason's name in answers and metrics: `limited`, `penalized`,
-    /// `cost_exceeds_capacity`, `store_unavailable`.
+    /// `cost_exceeds_capacity`, `store_unavailable`, `occupied`.
     pub const fn name(self) -> &'static str {
         match self {
             Denial::Limited { .. } => "limited",
             Denial::CostExceedsCapacity => "cost_exceeds_capacity",
             Denial::Penalized { .. } => "penalized",
             Denial::StoreUnavailable => "store_unavailable",
+            Denial::Occupied { .. } => "occupied",
         }
     }
 
-    /// When the same hit would pass, if that is known and it ever can.
+    /// When the same hit would pass, if that is known and it ever can. For
+    /// [`Denial::Occupied`] it is the latest such time if no holder renews (see there).
     #[inline]
     pub const fn retry_after(self) -> Option<Duration> {
         match self {
-            Denial::Limited { retry_after } | Denial::Penalized { retry_after } => {
-                Some(retry_after)
-            }
+            Denial::Limited { retry_after }
+            | Denial::Penalized { retry_after }
+            | Denial::Occupied { retry_after } => Some(retry_after),
             Denial::CostExceedsCapacity | Denial::StoreUnavailable => None,
         }
     }
@@ -104,9 +111,21 @@ impl Decision {
             Denial::Penalized { retry_after } => Denial::Penalized {
                 retry_after: retry_after.saturating_sub(elapsed),
             },
+            Denial::Occupied { retry_after } => Denial::Occupied {
+                retry_after: retry_after.saturating_sub(elapsed),
+            },
             other => other,
         });
         aged
+    }
+
+    /// The same decision where a concurrency leaf decided it: a `Limited` denial becomes
+    /// [`Denial::Occupied`], whose wait is a bound rather than a promise.
+    pub fn occupied(mut self) -> Decision {
+        if let Some(Denial::Limited { retry_after }) = self.denial {
+            self.denial = Some(Denial::Occupied { retry_after });
+        }
+        self
     }
 
     /// The decision one leaf's verdict makes on its own; `tick` is nanoseconds per tick of

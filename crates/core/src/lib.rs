@@ -18,6 +18,11 @@
 //! # assert!(matches!(state, State::Gcra { .. }));
 //! ```
 
+//!
+//! Besides rates, a leaf may limit how many leases are held at once (`user:3 concurrent`,
+//! [`algorithm::concurrency`]), and an admitted cost may be settled afterwards at its actual
+//! value ([`algorithm::settle`]).
+
 #![forbid(unsafe_code)]
 
 pub mod algorithm;

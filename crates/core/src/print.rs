@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::rule::{Leaf, LeafOptions, Rule};
+use crate::rule::{DEFAULT_LEASE, Leaf, LeafOptions, Rule};
 
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -25,11 +25,28 @@ impl fmt::Display for Rule {
     }
 }
 
-/// `[selector:]rate[ options]`: `ip+user:10/5m burst=20`.
+/// `[selector:]rate[ options]`: `ip+user:10/5m burst=20`; a concurrency leaf as
+/// `[selector:]count concurrent[ lease=span]`: `user:3 concurrent lease=30s`.
 impl fmt::Display for Leaf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.selector.is_global() {
             write!(f, "{}:", self.selector)?;
+        }
+        if self.is_concurrency() {
+            // `3 concurrent lease=30s`; the options a concurrency leaf cannot take are shown
+            // as they are, so a hand-built invalid leaf does not print as a valid one.
+            write!(f, "{} concurrent", self.rate.count())?;
+            if self.rate.span() != DEFAULT_LEASE {
+                write!(f, " lease={}", self.rate.span())?;
+            }
+            let rest = LeafOptions {
+                algorithm: None,
+                ..self.options
+            };
+            if rest != LeafOptions::default() {
+                write!(f, " {rest}")?;
+            }
+            return Ok(());
         }
         write!(f, "{}", self.rate)?;
         if self.options != LeafOptions::default() {
@@ -53,6 +70,10 @@ impl fmt::Display for LeafOptions {
         }
         if let Some(windows) = self.windows {
             write!(f, "{separator}windows={windows}")?;
+            separator = " ";
+        }
+        if let Some(block) = self.prefetch {
+            write!(f, "{separator}prefetch={block}")?;
         }
         Ok(())
     }

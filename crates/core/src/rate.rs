@@ -82,7 +82,7 @@ pub struct Span {
 
 impl Span {
     /// A span of `multiplier` units. Zero and spans longer than [`MAX_SPAN`] are rejected.
-    pub fn new(multiplier: u64, unit: Unit) -> Result<Span, RateError> {
+    pub const fn new(multiplier: u64, unit: Unit) -> Result<Span, RateError> {
         if multiplier == 0 {
             return Err(RateError::ZeroSpan);
         }

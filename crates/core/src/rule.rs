@@ -7,18 +7,30 @@
 //! rule      := 'or' '(' rule (',' rule)* ')'
 //!            | 'and' '(' rule (',' rule)* ')'
 //!            | leaf
-//! leaf      := [selector ':'] count '/' [multiplier] unit option*
+//! leaf      := [selector ':'] count '/' span option*       -- a rate leaf
+//!            | [selector ':'] count 'concurrent' ['lease' '=' span]   -- a concurrency leaf
+//! span      := [multiplier] unit           -- s, 5m, 30s: no space inside
 //! selector  := name ('+' name)*            -- ip+user: one counter per pair of values
-//! option    := name '=' value              -- burst=10, algorithm=sliding-log, windows=6
+//! option    := name '=' value              -- burst=10, algorithm=sliding-log, windows=6,
+//!                                             prefetch=100
 //! ```
 //!
 //! Semantics (DESIGN.md §2): a leaf is *reached* when admitting the hit would exceed it;
 //! `or` is reached when any child is, `and` only when every child is.
+//!
+//! A concurrency leaf (`user:3 concurrent lease=30s`) limits how many leases are held at
+//! once rather than how often hits come; a lease whose holder vanished frees its slot after
+//! the lease time (default 60 s). It is reached when every slot is held, and combines with
+//! rate leaves like any leaf: `user:100/m; user:3 concurrent` admits only when both allow.
+//! Such a rule is used through the limiter's `acquire`, which takes a lease; a plain check
+//! cannot hold a slot. In a [`Leaf`], it is the algorithm [`Algorithm::Concurrency`] with the
+//! count as the rate's count and the lease time as the rate's span (see
+//! [`Leaf::concurrent`]).
 
 use std::fmt;
 
 use crate::algorithm::Algorithm;
-use crate::rate::Rate;
+use crate::rate::{Rate, RateError, Span, Unit};
 
 /// Longest selector name accepted.
 pub const MAX_NAME_LEN: usize = 64;
@@ -105,6 +117,10 @@ pub struct LeafOptions {
     pub burst: Option<u64>,
     /// Sliding window counter: number of sub-windows (1..=MAX_WINDOWS). `None` means the default.
     pub windows: Option<u32>,
+    /// Hot identifiers: each server takes blocks of this many admissions from the store in
+    /// one call and spends them locally (2..=MAX_COUNT). Not part of the counter's identity:
+    /// servers with and without it share the counter. `None`: every hit asks the store.
+    pub prefetch: Option<u64>,
 }
 
 /// One limit: selector + rate + options.
@@ -124,7 +140,28 @@ impl Leaf {
             options: LeafOptions::default(),
         }
     }
+
+    /// A global concurrency leaf: at most `count` leases at once, each lasting `lease`
+    /// ([`DEFAULT_LEASE`] when `None`). Stored as the rate `count/lease` with the algorithm
+    /// [`Algorithm::Concurrency`].
+    pub fn concurrent(count: u64, lease: Option<Span>) -> Result<Leaf, RateError> {
+        let rate = Rate::new(count, lease.unwrap_or(DEFAULT_LEASE))?;
+        let mut leaf = Leaf::new(rate);
+        leaf.options.algorithm = Some(Algorithm::Concurrency);
+        Ok(leaf)
+    }
+
+    /// Whether this is a concurrency leaf (`3 concurrent`) rather than a rate.
+    pub fn is_concurrency(&self) -> bool {
+        self.options.algorithm == Some(Algorithm::Concurrency)
+    }
 }
+
+/// A concurrency leaf's lease time when it names none: one minute.
+pub const DEFAULT_LEASE: Span = match Span::new(1, Unit::Minute) {
+    Ok(span) => span,
+    Err(_) => panic!("one minute is a valid span"),
+};
 
 /// A tree of leaves.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

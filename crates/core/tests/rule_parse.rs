@@ -71,6 +71,11 @@ fn options() {
     burst.options.burst = Some(10);
     assert_eq!(parse("5/m burst=10"), Rule::Leaf(burst));
 
+    let mut hot = leaf(&[], 10_000, 1, Unit::Second);
+    hot.options.prefetch = Some(100);
+    assert_eq!(parse("10000/s prefetch=100"), Rule::Leaf(hot.clone()));
+    assert_eq!(hot.to_string(), "10000/s prefetch=100");
+
     let mut log = leaf(&["user"], 100, 1, Unit::Hour);
     log.options.algorithm = Some(Algorithm::SlidingLog);
     assert_eq!(parse("user:100/h algorithm=sliding-log"), Rule::Leaf(log));
@@ -80,6 +85,7 @@ fn options() {
         algorithm: Some(Algorithm::SlidingWindow),
         burst: Some(3),
         windows: Some(6),
+        prefetch: None,
     };
     let all = Rule::Leaf(all);
     assert_eq!(parse("1/s windows=6 algo=sliding_window burst=3"), all);
@@ -158,7 +164,7 @@ fn error_display() {
     let err = parse_rule("10/s or(").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "column 6: expected an option (burst, algorithm or windows), found \"or\""
+        "column 6: expected an option (burst, algorithm, windows or prefetch), found \"or\""
     );
 }
 
@@ -191,7 +197,11 @@ fn bad_rules() {
         ("10/s windows=3601", 14, "a number of windows from 1 to 3600", "\"3601\""),
         ("10/s algorithm=nope", 16, "an algorithm (gcra, sliding-window", "\"nope\""),
         ("10/s algorithm=5", 16, "an algorithm", "\"5\""),
-        ("10/s foo=1", 6, "an option (burst, algorithm or windows)", "\"foo\""),
+        ("10/s foo=1", 6, "an option (burst, algorithm", "\"foo\""),
+        ("10/s prefetch=1", 15, "a block size from 2 to 1000000000000", "\"1\""),
+        ("10/s prefetch=0", 15, "a block size from 2 to 1000000000000", "\"0\""),
+        ("10/s prefetch=x", 15, "a block size", "\"x\""),
+        ("10/s prefetch=2 prefetch=3", 17, "at most one `prefetch` option", "\"prefetch\""),
         ("or(10/s", 8, "`)` or `,`", "end of input"),
         ("or(10/s,)", 9, "a rule", "\")\""),
         ("or()", 4, "a rule", "\")\""),

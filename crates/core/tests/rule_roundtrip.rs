@@ -2,6 +2,7 @@
 
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
+use sluice_core::algorithm::concurrency::MAX_CONCURRENT;
 use sluice_core::parse::parse_rule;
 use sluice_core::rate::{MAX_COUNT, MAX_SPAN};
 use sluice_core::rule::{MAX_LEAVES, MAX_WINDOWS};
@@ -32,14 +33,18 @@ fn options() -> impl Strategy<Value = LeafOptions> {
     let algorithm = prop::option::of(select(Algorithm::ALL.to_vec()));
     let burst = prop::option::of(prop_oneof![1..=100u64, 1..=MAX_COUNT]);
     let windows = prop::option::of(1..=MAX_WINDOWS);
-    (algorithm, burst, windows).prop_map(|(algorithm, burst, windows)| LeafOptions {
-        algorithm,
-        burst,
-        windows,
+    let prefetch = prop::option::of(prop_oneof![2..=1_000u64, 2..=MAX_COUNT]);
+    (algorithm, burst, windows, prefetch).prop_map(|(algorithm, burst, windows, prefetch)| {
+        LeafOptions {
+            algorithm,
+            burst,
+            windows,
+            prefetch,
+        }
     })
 }
 
-fn leaf() -> impl Strategy<Value = Rule> {
+fn rate_leaf() -> impl Strategy<Value = Rule> {
     (selector(), rate(), options()).prop_map(|(selector, rate, options)| {
         Rule::Leaf(Leaf {
             selector,
@@ -47,6 +52,21 @@ fn leaf() -> impl Strategy<Value = Rule> {
             options,
         })
     })
+}
+
+/// `user:3 concurrent lease=30s`, the lease time given or not.
+fn concurrency_leaf() -> impl Strategy<Value = Rule> {
+    let count = prop_oneof![1..=10u64, 1..=MAX_CONCURRENT];
+    let lease = prop::option::of(rate().prop_map(|rate| rate.span()));
+    (selector(), count, lease).prop_map(|(selector, count, lease)| {
+        let mut leaf = Leaf::concurrent(count, lease).unwrap();
+        leaf.selector = selector;
+        Rule::Leaf(leaf)
+    })
+}
+
+fn leaf() -> impl Strategy<Value = Rule> {
+    prop_oneof![3 => rate_leaf(), 1 => concurrency_leaf()]
 }
 
 /// Leaves joined by or/and, up to four groups deep.
@@ -84,6 +104,10 @@ fn rule_like_text() -> impl Strategy<Value = String> {
         "burst=",
         "algo=",
         "windows=",
+        "concurrent",
+        "lease=",
+        "30s",
+        "-",
         "gcra",
         "=",
         "é",

@@ -1,8 +1,17 @@
-//! sluice's in-memory store against governor's keyed limiter, on the same `String` keys.
+//! sluice's in-memory store, and a `Limiter` over it, against governor's keyed limiter, on
+//! identifiers as real policies form them.
 //!
 //! `cargo bench -p sluice-limiter --bench vs_governor` prints one line per scenario:
-//! `scenario=keys_1000_threads_2 sluice_ns=41.2 governor_ns=55.0 ratio=0.749`.
+//! `scenario=store_keys_1000_threads_2 sluice_ns=41.2 governor_ns=55.0 ratio=0.749`.
 //! `VS_GOVERNOR_KEYS=1,1000` limits the run to those key counts, without the memory lines.
+//!
+//! The identifiers are what a policy `user:100/m` in the default namespace names for a user
+//! id of eight digits: `sluice:api:user:00001234:100/m`, 30 bytes. `store_` scenarios hand
+//! them to the memory store directly; `limiter_` scenarios call `Limiter::try_check_now`
+//! with a policy handle and the selector `("user", "00001234")`, so the limiter writes the
+//! identifier on every call (`sluice:api:user:00001234:1000000000/s`, 37 bytes, when
+//! admitting; `...:1/m`, 27, when denying). governor's key is a `String` of the same
+//! identifier, so both sides hash and compare the same bytes.
 //!
 //! Each side decides one single-leaf GCRA hit per call and reads its own clock, as a caller
 //! would see it (sluice: `SystemClock`; governor: its default clock). Per scenario, both are
@@ -13,6 +22,12 @@
 //! keys, the key's own heap copy included: `memory_1m_keys` as bytes requested from the
 //! allocator, `memory_1m_keys_rss` as resident memory grown in a fresh child process (what
 //! the allocator's rounding and headers add).
+//!
+//! Instructions, where a time is noise: `VS_GOVERNOR_CALLGRIND=store,1000,admit,100000` runs
+//! that one scenario on one thread, warmed, then that many calls in `callgrind_sluice` and
+//! in `callgrind_governor`; under
+//! `valgrind --tool=callgrind --toggle-collect='vs_governor::callgrind_*'` the inclusive
+//! count of each function over the calls is the side's instructions per call.
 
 use std::alloc::System;
 use std::num::NonZeroU32;
@@ -22,7 +37,7 @@ use std::time::Instant;
 
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use sluice_core::{Evaluation, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, Identifier, MemoryStore};
+use sluice_limiter::{Hit, Identifier, Limiter, MemoryStore, Policy, PolicyRef};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -43,10 +58,79 @@ enum Limit {
     Deny,
 }
 
+impl Limit {
+    fn rule(self) -> &'static str {
+        match self {
+            Limit::Admit => "user:1000000000/s",
+            Limit::Deny => "user:1/m",
+        }
+    }
+}
+
+/// How sluice is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// `MemoryStore::decide_now` on a prebuilt identifier.
+    Store,
+    /// `Limiter::try_check_now` on a policy handle and the selector value.
+    Limiter,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Store => "store",
+            Path::Limiter => "limiter",
+        }
+    }
+}
+
+/// The keys of one scenario: the selector values, the identifiers the store is given (one-
+/// element arrays, so a `Hit` borrows them as they are), and governor's keys (the text of
+/// the identifier sluice decides on).
+struct Keys {
+    values: Vec<String>,
+    identifiers: Vec<[Identifier; 1]>,
+    governor: Vec<String>,
+}
+
+/// A user id of eight digits.
+fn user_id(i: usize) -> String {
+    format!("{i:08}")
+}
+
+fn make_keys(n: usize, path: Path, limit: Limit) -> Keys {
+    let values: Vec<String> = (0..n).map(user_id).collect();
+    let identifiers: Vec<[Identifier; 1]> = values
+        .iter()
+        .map(|v| {
+            let name = match path {
+                Path::Store => format!("sluice:api:user:{v}:100/m"),
+                Path::Limiter => format!(
+                    "sluice:api:{}",
+                    limit.rule().replacen(':', &format!(":{v}:"), 1)
+                ),
+            };
+            [Identifier::new(name)]
+        })
+        .collect();
+    let governor = identifiers
+        .iter()
+        .map(|[id]| id.as_str().to_owned())
+        .collect();
+    Keys {
+        values,
+        identifiers,
+        governor,
+    }
+}
+
 struct Sluice {
     store: MemoryStore,
     shape: Shape,
     quotas: [Quota; 1],
+    limiter: Limiter,
+    policy: PolicyRef,
 }
 
 impl Sluice {
@@ -55,14 +139,36 @@ impl Sluice {
             Limit::Admit => Rate::new(1_000_000_000, Span::new(1, Unit::Second).unwrap()),
             Limit::Deny => Rate::new(1, Span::new(1, Unit::Minute).unwrap()),
         };
+        let store = MemoryStore::builder().max_identifiers(2_000_000).build();
+        // The limiter decides on the same store, under its own identifiers.
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("api", limit.rule()).unwrap())
+            .build()
+            .unwrap();
+        let policy = limiter.policy("api").unwrap();
         Sluice {
-            store: MemoryStore::builder().max_identifiers(2_000_000).build(),
+            store,
             shape: Shape::Leaf(0),
             quotas: [Quota::gcra(rate.unwrap(), None).unwrap()],
+            limiter,
+            policy,
         }
     }
 
-    fn check(&self, identifier: &[Identifier; 1]) -> bool {
+    fn check(&self, path: Path, keys: &Keys, i: usize) -> bool {
+        match path {
+            Path::Store => self.check_store(&keys.identifiers[i]),
+            Path::Limiter => self
+                .limiter
+                .try_check_now(&self.policy, &[("user", &keys.values[i])], 1)
+                .expect("the memory store decides now")
+                .expect("the policy's selector is given")
+                .decision
+                .allowed(),
+        }
+    }
+
+    fn check_store(&self, identifier: &[Identifier; 1]) -> bool {
         let hit = Hit {
             identifiers: identifier,
             evaluation: Evaluation {
@@ -86,17 +192,6 @@ fn governor(limit: Limit) -> DefaultKeyedRateLimiter<String> {
     RateLimiter::keyed(quota)
 }
 
-/// Realistic identifiers of 20 bytes, one-element arrays so a `Hit` borrows them as they are,
-/// beside the same text as governor's key.
-fn make_keys(n: usize) -> Vec<([Identifier; 1], String)> {
-    (0..n)
-        .map(|i| {
-            let key = format!("user:{i:015}");
-            ([Identifier::new(key.clone())], key)
-        })
-        .collect()
-}
-
 /// A permutation of `0..n` (splitmix64 driving Fisher-Yates): both sides walk the keys in
 /// this order, so neither gains from the order keys were inserted in.
 fn shuffled(n: usize) -> Vec<u32> {
@@ -115,7 +210,6 @@ fn shuffled(n: usize) -> Vec<u32> {
     }
     order
 }
-
 /// `ops` calls on each of `threads` threads, thread `t` walking `order` from offset
 /// `t * n / threads`. Returns wall nanoseconds per call per thread, and calls admitted.
 fn round(
@@ -190,23 +284,14 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// Times one (keys, limit) pair on 1 and 2 threads, printing one line per thread count.
-fn scenarios(n: usize, limit: Limit) {
-    let keys = make_keys(n);
+/// Times one (path, keys, limit) triple on 1 and 2 threads, printing one line per thread
+/// count.
+fn scenarios(path: Path, n: usize, limit: Limit) {
+    let keys = make_keys(n, path, limit);
     let order = shuffled(n);
-    let sluice = Sluice::new(limit);
-    let governor = governor(limit);
-    for key in &keys {
-        assert!(sluice.check(&key.0), "sluice admits a new key");
-        assert!(
-            governor.check_key(&key.1).is_ok(),
-            "governor admits a new key"
-        );
-    }
-    assert_eq!(sluice.store.stats().identifiers, n);
-    assert_eq!(governor.len(), n);
-    let sluice_check = |i: usize| sluice.check(&keys[i].0);
-    let governor_check = |i: usize| governor.check_key(&keys[i].1).is_ok();
+    let (sluice, governor) = warmed(path, &keys, limit);
+    let sluice_check = |i: usize| sluice.check(path, &keys, i);
+    let governor_check = |i: usize| governor.check_key(&keys.governor[i]).is_ok();
 
     for threads in [1, 2] {
         // Pilot rounds warm both sides and size the timed rounds.
@@ -239,12 +324,101 @@ fn scenarios(n: usize, limit: Limit) {
         }
         let suffix = if limit == Limit::Deny { "_deny" } else { "" };
         print_line(
-            &format!("keys_{n}_threads_{threads}{suffix}"),
+            &format!("{}_keys_{n}_threads_{threads}{suffix}", path.name()),
             "ns",
             median(sluice_ns),
             median(governor_ns),
         );
     }
+}
+
+/// Both sides with every key inserted; checks that the store holds the identifiers the
+/// scenario names (the limiter's included).
+fn warmed(path: Path, keys: &Keys, limit: Limit) -> (Sluice, DefaultKeyedRateLimiter<String>) {
+    let n = keys.values.len();
+    let sluice = Sluice::new(limit);
+    let governor = governor(limit);
+    for i in 0..n {
+        assert!(sluice.check(path, keys, i), "sluice admits a new key");
+        assert!(
+            governor.check_key(&keys.governor[i]).is_ok(),
+            "governor admits a new key"
+        );
+    }
+    assert_eq!(sluice.store.stats().identifiers, n);
+    // The limiter named the identifiers governor is keyed on: one more hit on the first,
+    // through the store, finds it.
+    sluice.check_store(&keys.identifiers[0]);
+    assert_eq!(
+        sluice.store.stats().identifiers,
+        n,
+        "{:?}",
+        keys.governor[0]
+    );
+    assert_eq!(governor.len(), n);
+    (sluice, governor)
+}
+
+/// `calls` hits on one side, walking the keys in order: what callgrind counts.
+#[inline(never)]
+fn callgrind_sluice(sluice: &Sluice, path: Path, keys: &Keys, order: &[u32], calls: usize) -> u64 {
+    (0..calls)
+        .map(|c| u64::from(sluice.check(path, keys, order[c % order.len()] as usize)))
+        .sum()
+}
+
+#[inline(never)]
+fn callgrind_governor(
+    governor: &DefaultKeyedRateLimiter<String>,
+    keys: &Keys,
+    order: &[u32],
+    calls: usize,
+) -> u64 {
+    (0..calls)
+        .map(|c| {
+            u64::from(
+                governor
+                    .check_key(&keys.governor[order[c % order.len()] as usize])
+                    .is_ok(),
+            )
+        })
+        .sum()
+}
+
+/// `path,keys,admit|deny,calls`: one scenario on one thread, for callgrind.
+fn callgrind(spec: &str) {
+    let parts: Vec<&str> = spec.split(',').collect();
+    let [path, n, limit, calls] = parts[..] else {
+        panic!("VS_GOVERNOR_CALLGRIND: path,keys,admit|deny,calls (got {spec:?})");
+    };
+    let path = match path {
+        "store" => Path::Store,
+        "limiter" => Path::Limiter,
+        other => panic!("VS_GOVERNOR_CALLGRIND: path `store` or `limiter`, not {other:?}"),
+    };
+    let limit = match limit {
+        "admit" => Limit::Admit,
+        "deny" => Limit::Deny,
+        other => panic!("VS_GOVERNOR_CALLGRIND: limit `admit` or `deny`, not {other:?}"),
+    };
+    let n: usize = n.parse().expect("VS_GOVERNOR_CALLGRIND: a key count");
+    let calls: usize = calls.parse().expect("VS_GOVERNOR_CALLGRIND: a call count");
+    let keys = make_keys(n, path, limit);
+    let order = shuffled(n);
+    let (sluice, governor) = warmed(path, &keys, limit);
+    let expected = match limit {
+        Limit::Admit => calls as u64,
+        Limit::Deny => 0,
+    };
+    assert_eq!(
+        callgrind_sluice(&sluice, path, &keys, &order, calls),
+        expected
+    );
+    assert_eq!(
+        callgrind_governor(&governor, &keys, &order, calls),
+        expected
+    );
+    println!("callgrind: {calls} calls per side on {n} keys");
 }
 
 fn print_line(scenario: &str, unit: &str, sluice: f64, governor: f64) {
@@ -262,26 +436,26 @@ fn bytes_held<T>(fill: impl FnOnce() -> T) -> (usize, T) {
     (change.bytes_allocated - change.bytes_deallocated, held)
 }
 
-fn fill_sluice(keys: &[([Identifier; 1], String)]) -> Sluice {
+fn fill_sluice(keys: &Keys) -> Sluice {
     let sluice = Sluice::new(Limit::Admit);
-    for key in keys {
-        assert!(sluice.check(&key.0));
+    for identifier in &keys.identifiers {
+        assert!(sluice.check_store(identifier));
     }
-    assert_eq!(sluice.store.stats().identifiers, keys.len());
+    assert_eq!(sluice.store.stats().identifiers, keys.identifiers.len());
     sluice
 }
 
-fn fill_governor(keys: &[([Identifier; 1], String)]) -> DefaultKeyedRateLimiter<String> {
+fn fill_governor(keys: &Keys) -> DefaultKeyedRateLimiter<String> {
     let governor = governor(Limit::Admit);
-    for key in keys {
-        assert!(governor.check_key(&key.1).is_ok());
+    for key in &keys.governor {
+        assert!(governor.check_key(key).is_ok());
     }
-    assert_eq!(governor.len(), keys.len());
+    assert_eq!(governor.len(), keys.governor.len());
     governor
 }
 
 fn memory() {
-    let keys = make_keys(MEMORY_KEYS);
+    let keys = make_keys(MEMORY_KEYS, Path::Store, Limit::Admit);
     let (sluice_bytes, sluice) = bytes_held(|| fill_sluice(&keys));
     drop(sluice);
     let (governor_bytes, governor) = bytes_held(|| fill_governor(&keys));
@@ -333,7 +507,7 @@ fn resident_bytes() -> u64 {
 
 /// In a child process: resident memory grown by filling one side with the keys.
 fn rss_child(side: &str) {
-    let keys = make_keys(MEMORY_KEYS);
+    let keys = make_keys(MEMORY_KEYS, Path::Store, Limit::Admit);
     let before = resident_bytes();
     let grown = match side {
         "sluice" => {
@@ -358,6 +532,10 @@ fn main() {
         rss_child(&side);
         return;
     }
+    if let Ok(spec) = std::env::var("VS_GOVERNOR_CALLGRIND") {
+        callgrind(&spec);
+        return;
+    }
     // `VS_GOVERNOR_KEYS=1,1000` runs only those key counts (and skips the memory lines).
     let only: Option<Vec<usize>> = std::env::var("VS_GOVERNOR_KEYS").ok().map(|list| {
         list.split(',')
@@ -368,10 +546,12 @@ fn main() {
             })
             .collect()
     });
-    for limit in [Limit::Admit, Limit::Deny] {
-        for n in [1, 1_000, 1_000_000] {
-            if only.as_ref().is_none_or(|only| only.contains(&n)) {
-                scenarios(n, limit);
+    for path in [Path::Store, Path::Limiter] {
+        for limit in [Limit::Admit, Limit::Deny] {
+            for n in [1, 1_000, 1_000_000] {
+                if only.as_ref().is_none_or(|only| only.contains(&n)) {
+                    scenarios(path, n, limit);
+                }
             }
         }
     }

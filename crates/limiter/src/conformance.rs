@@ -49,7 +49,10 @@
 //! record nothing; a cost above capacity never passes; resets pardon one key only; counted
 //! denials lengthen the wait within a bound; penalties box, grow and are pardoned; shadow
 //! policies admit and count; odd selector values get their own counters; the near cache
-//! answers known denials.
+//! answers known denials. Concurrency leases have cases of their own
+//! ([`concurrency_conformance_tests!`](crate::concurrency_conformance_tests)): never more
+//! than N held under 64 racing tasks on two limiters, release frees at once, renew keeps a
+//! lease, an abandoned lease expires after its lease time and not before.
 
 use std::future::Future;
 use std::time::Duration;
@@ -60,6 +63,7 @@ mod answers;
 mod denials;
 mod exact;
 mod harness;
+mod leases;
 mod requests;
 mod servers;
 
@@ -67,6 +71,10 @@ pub use answers::{near_cache_answers_denied, shadow_admits_and_counts};
 pub use denials::{count_denied_counts_denials, penalties_box_and_grow};
 pub use exact::{
     costs_above_one, exact_compound_rules, exact_numbers, exact_under_concurrency_each_algorithm,
+};
+pub use leases::{
+    abandoned_leases_expire, leases_never_exceed_the_limit, release_frees_at_once,
+    renew_keeps_a_lease,
 };
 pub use requests::{
     cost_above_capacity_is_never, peek_and_cost_zero_record_nothing, reset_pardons_one_key_only,
@@ -116,6 +124,15 @@ pub async fn run_all<F: StoreFactory>(factory: &F) {
     near_cache_answers_denied(factory).await;
 }
 
+/// Every concurrency case, in order, in one test (stores that support leases only: in this
+/// phase, the memory store).
+pub async fn run_all_concurrency<F: StoreFactory>(factory: &F) {
+    leases_never_exceed_the_limit(factory).await;
+    release_frees_at_once(factory).await;
+    renew_keeps_a_lease(factory).await;
+    abandoned_leases_expire(factory).await;
+}
+
 /// Runs `future` (one case, or [`run_all`]) on a new 4-worker tokio runtime, failing it
 /// after [`CASE_TIMEOUT`]: what [`conformance_tests!`](crate::conformance_tests) writes in
 /// each test, for hand-written ones.
@@ -162,6 +179,22 @@ macro_rules! conformance_tests {
             special_selector_values
             two_servers_share_one_limit
             near_cache_answers_denied
+        }
+    };
+}
+
+/// One `#[test]` per concurrency case (leases), as [`conformance_tests!`] does for rates.
+/// Kept apart because only stores that support leases run it (in this phase, the memory
+/// store); the others' runs of [`conformance_tests!`] stay as they were.
+#[macro_export]
+macro_rules! concurrency_conformance_tests {
+    ($factory:expr $(,)?) => {
+        $crate::conformance_tests! {
+            @cases ($factory)
+            leases_never_exceed_the_limit
+            release_frees_at_once
+            renew_keeps_a_lease
+            abandoned_leases_expire
         }
     };
 }

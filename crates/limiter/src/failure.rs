@@ -78,6 +78,10 @@ pub struct LimiterStats {
     pub failed_open: u64,
     pub failed_closed: u64,
     pub failed_local: u64,
+    /// Blocks of admissions taken from the store for `prefetch=N` leaves.
+    pub prefetch_blocks: u64,
+    /// Decisions spent from such a block, without the store.
+    pub prefetch_spent: u64,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +91,8 @@ pub(crate) struct Counters {
     pub(crate) failed_open: AtomicU64,
     pub(crate) failed_closed: AtomicU64,
     pub(crate) failed_local: AtomicU64,
+    pub(crate) prefetch_blocks: AtomicU64,
+    pub(crate) prefetch_spent: AtomicU64,
     /// Local-clock nanoseconds until which the store is not asked.
     pub(crate) store_paused_until: AtomicU64,
 }
@@ -103,6 +109,8 @@ impl Counters {
             failed_open: get(&self.failed_open),
             failed_closed: get(&self.failed_closed),
             failed_local: get(&self.failed_local),
+            prefetch_blocks: get(&self.prefetch_blocks),
+            prefetch_spent: get(&self.prefetch_spent),
         }
     }
 

@@ -144,6 +144,20 @@ const PLAIN: [bool; 256] = {
     plain
 };
 
+/// `value` as identifiers hold it: as it is when short and plain, otherwise `#` and the
+/// hex of 128 bits of its SHA-256, as in an [`Identifier`]. What a log of refusals
+/// may show of a client's value without holding long tokens or sensitive text.
+///
+/// ```
+/// assert_eq!(sluice_limiter::selector_value("203.0.113.9"), "203.0.113.9");
+/// assert_eq!(sluice_limiter::selector_value("a b").len(), 33);
+/// ```
+pub fn selector_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_PLAIN_VALUE + 1));
+    push_value(&mut out, value);
+    out
+}
+
 /// Appends `value` to `out` as it appears in an identifier.
 pub(crate) fn push_value(out: &mut String, value: &str) {
     let plain = !value.is_empty()

@@ -35,6 +35,13 @@
 //! assert!(first.decision.allowed());
 //! ```
 
+//!
+//! Limits on how many at once, and costs known only afterwards: [`Limiter::acquire`] takes a
+//! [`Lease`] on a rule with a concurrency leaf (`user:3 concurrent lease=30s`), released when
+//! dropped; [`Limiter::reserve`] admits an estimated cost and returns a [`Reservation`] to
+//! [`settle`](Reservation::settle) at the actual one. In this phase only the memory store
+//! supports them (see [`lease`]).
+
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -42,6 +49,7 @@ pub mod clock;
 pub mod conformance;
 pub mod failure;
 mod identifier;
+pub mod lease;
 mod limiter;
 pub mod memory;
 mod near_cache;
@@ -51,9 +59,11 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use failure::{FailureMode, LimiterStats};
+pub use identifier::selector_value;
+pub use lease::{Acquired, Lease, LeaseId, Released, Reservation, Reserved};
 pub use limiter::{Checked, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, Selectors};
 pub use memory::{MemoryStats, MemoryStore};
 pub use policy::{CompiledLeaf, CompiledPolicy, Policy, PolicyError};
 pub use run::{Permit, Refused};
 pub use sluice_core::{Algorithm, Decision, Denial, Penalty};
-pub use store::{DynStore, Hit, Identifier, Store, StoreError};
+pub use store::{DynStore, Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};

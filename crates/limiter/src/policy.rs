@@ -105,6 +105,12 @@ pub enum PolicyError {
         "`{0}` is not a valid name (1 to 128 characters, no `:`, `{{`, `}}`, whitespace or control characters)"
     )]
     BadName(String),
+    #[error("policy `{policy}`: leaf `{leaf}`: `prefetch` {reason}")]
+    Prefetch {
+        policy: String,
+        leaf: String,
+        reason: &'static str,
+    },
 }
 
 /// A leaf ready for hits: its selector names, quota and the identifier's fixed parts.
@@ -144,6 +150,10 @@ pub struct CompiledPolicy {
     /// `namespace:key:names`; the values and `:penalty` follow.
     pub(crate) penalty_prefix: String,
     pub(crate) penalty_group: GroupAt,
+    /// Some leaf is a concurrency leaf: hits take a lease ([`crate::Limiter::acquire`]).
+    pub(crate) concurrent: bool,
+    /// `prefetch=N` on the rule's one leaf: the block size and its rate's span.
+    pub(crate) prefetch: Option<(u64, std::time::Duration)>,
 }
 
 fn check_name(name: &str) -> Result<(), PolicyError> {
@@ -254,7 +264,10 @@ impl CompiledPolicy {
                 .map(|l| local_quota(&l.leaf, &l.quota, share))
                 .collect()
         });
+        let prefetch = prefetch_of(&policy, &leaves)?;
         Ok(CompiledPolicy {
+            prefetch,
+            concurrent: leaves.iter().any(|l| l.leaf.is_concurrency()),
             quotas: leaves.iter().map(|l| l.quota).collect(),
             local_quotas,
             shape: policy.rule.shape(),
@@ -269,10 +282,61 @@ impl CompiledPolicy {
     pub fn name(&self) -> &str {
         &self.policy.name
     }
+
+    /// Whether the rule holds a concurrency leaf (`user:3 concurrent`): its hits take a
+    /// lease with [`crate::Limiter::acquire`], not [`crate::Limiter::check`].
+    pub fn has_concurrency(&self) -> bool {
+        self.concurrent
+    }
+}
+
+/// The block size of a `prefetch=N` leaf, checked: blocks are spent in this process, so
+/// the leaf must decide alone (a block cannot honour another leaf, a penalty or counted
+/// denials), its algorithm must count hits one by one (GCRA or a fixed window), and one
+/// block must fit in what the leaf can ever admit.
+fn prefetch_of(
+    policy: &Policy,
+    leaves: &[CompiledLeaf],
+) -> Result<Option<(u64, std::time::Duration)>, PolicyError> {
+    let Some(leaf) = leaves.iter().find(|l| l.leaf.options.prefetch.is_some()) else {
+        return Ok(None);
+    };
+    let block = leaf.leaf.options.prefetch.unwrap_or(0);
+    let refuse = |reason| PolicyError::Prefetch {
+        policy: policy.name.clone(),
+        leaf: leaf.leaf.to_string(),
+        reason,
+    };
+    if leaves.len() > 1 {
+        return Err(refuse("needs the leaf to be the whole rule"));
+    }
+    if policy.penalty.is_some() {
+        return Err(refuse("cannot be combined with a penalty"));
+    }
+    if policy.count_denied {
+        return Err(refuse("cannot be combined with counted denials"));
+    }
+    if !matches!(
+        leaf.quota.algorithm(),
+        Algorithm::Gcra | Algorithm::FixedWindow
+    ) {
+        return Err(refuse("works with gcra and fixed-window only"));
+    }
+    if block > leaf.quota.capacity() {
+        return Err(refuse(
+            "is larger than the leaf's capacity (its count or burst)",
+        ));
+    }
+    Ok(Some((block, leaf.leaf.rate.span().duration())))
 }
 
 /// `:10/s`, plus `~` options that change the meaning of the state (algorithm, burst, windows).
+/// A concurrency leaf's is `:concurrent`, whatever its count and lease time: a reload that
+/// changes them keeps the leases held.
 fn leaf_suffix(leaf: &Leaf, quota: &Quota) -> String {
+    if quota.algorithm() == Algorithm::Concurrency {
+        return ":concurrent".to_owned();
+    }
     let mut suffix = format!(":{}", leaf.rate);
     if quota.algorithm() != Algorithm::Gcra {
         let _ = write!(suffix, "~{}", quota.algorithm());

@@ -20,6 +20,11 @@ impl StoreFactory for MemoryFactory {
 
 sluice_limiter::conformance_tests!(MemoryFactory);
 
+/// Leases: the memory store is the only one that takes them in this phase.
+mod leases {
+    sluice_limiter::concurrency_conformance_tests!(super::MemoryFactory);
+}
+
 /// The whole suite in one test, through a closure factory on a store of its own.
 #[test]
 fn run_all_with_a_closure_factory() {

@@ -19,9 +19,14 @@ pub enum Algorithm {
     SlidingLog,
     /// One counter per aligned window. Exact per window; up to 2x the limit across an edge.
     FixedWindow,
+    /// At most N leases held at once (`user:3 concurrent`). Not a rate: only a concurrency
+    /// leaf has it, written with `concurrent` rather than `algorithm=`, and it is not in
+    /// [`Algorithm::ALL`] (the rate algorithms).
+    Concurrency,
 }
 
 impl Algorithm {
+    /// The rate algorithms (every one but [`Algorithm::Concurrency`]).
     pub const ALL: [Algorithm; 4] = [
         Algorithm::Gcra,
         Algorithm::SlidingWindow,
@@ -36,10 +41,12 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding-window",
             Algorithm::SlidingLog => "sliding-log",
             Algorithm::FixedWindow => "fixed-window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
-    /// Reads a name; `token-bucket` is accepted as another name for GCRA and `_` for `-`.
+    /// Reads a rate algorithm's name; `token-bucket` is accepted as another name for GCRA and
+    /// `_` for `-`. `concurrency` is not read here: a concurrency leaf says `N concurrent`.
     pub fn from_name(name: &str) -> Option<Algorithm> {
         let name = name.to_ascii_lowercase().replace('_', "-");
         match name.as_str() {
@@ -71,9 +78,11 @@ impl FromStr for Algorithm {
     }
 }
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 mod quota;
+pub mod settle;
 pub mod sliding_log;
 pub mod sliding_window;
 
@@ -94,6 +103,8 @@ pub enum State {
         window: u64,
         count: u64,
     },
+    /// Concurrency: the leases held.
+    Concurrency(concurrency::Leases),
 }
 
 /// When a denied hit could pass.

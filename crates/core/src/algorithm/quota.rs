@@ -1,7 +1,7 @@
 //! A leaf's validated parameters, ready for the algorithms.
 
 use crate::algorithm::{Algorithm, State, Verdict};
-use crate::algorithm::{fixed_window, gcra, sliding_log, sliding_window};
+use crate::algorithm::{concurrency, fixed_window, gcra, sliding_log, sliding_window};
 use crate::rule::{Leaf, MAX_WINDOWS};
 
 /// Sub-windows of a sliding window counter when the leaf names none.
@@ -51,12 +51,25 @@ pub enum QuotaError {
     BadWindows,
     #[error("a tick of {0} ns does not divide one second")]
     BadTick(u64),
+    #[error(
+        "a concurrency leaf keeps one entry per lease; more than {} at once is too many",
+        concurrency::MAX_CONCURRENT
+    )]
+    TooConcurrent,
+    #[error("concurrency cannot be a policy's default algorithm; write `N concurrent` leaves")]
+    ConcurrencyByDefault,
 }
 
 impl Quota {
     /// The quota of `leaf`, with `default` as its algorithm when the leaf names none.
     pub fn from_leaf(leaf: &Leaf, default: Algorithm) -> Result<Quota, QuotaError> {
-        let algorithm = leaf.options.algorithm.unwrap_or(default);
+        let algorithm = match leaf.options.algorithm {
+            Some(algorithm) => algorithm,
+            None if default == Algorithm::Concurrency => {
+                return Err(QuotaError::ConcurrencyByDefault);
+            }
+            None => default,
+        };
         let rate = leaf.rate;
         if leaf.options.burst.is_some() && algorithm != Algorithm::Gcra {
             return Err(QuotaError::BurstWithoutGcra(algorithm));
@@ -82,6 +95,9 @@ impl Quota {
         }
         if algorithm == Algorithm::SlidingLog && rate.count() > MAX_LOG_LIMIT {
             return Err(QuotaError::LogTooLarge);
+        }
+        if algorithm == Algorithm::Concurrency && rate.count() > concurrency::MAX_CONCURRENT {
+            return Err(QuotaError::TooConcurrent);
         }
         Ok(Quota {
             algorithm,
@@ -127,12 +143,12 @@ impl Quota {
         self.algorithm
     }
 
-    /// The rate's count: hits per window.
+    /// The rate's count: hits per window (for a concurrency leaf, leases held at once).
     pub const fn limit(&self) -> u64 {
         self.limit
     }
 
-    /// The rate's span, in ticks.
+    /// The rate's span, in ticks; for a concurrency leaf, the lease time.
     pub const fn window_ticks(&self) -> u64 {
         self.window
     }
@@ -176,6 +192,7 @@ impl Quota {
                 window: 0,
                 count: 0,
             },
+            Algorithm::Concurrency => State::Concurrency(concurrency::Leases::default()),
         }
     }
 
@@ -187,6 +204,7 @@ impl Quota {
             (Algorithm::SlidingWindow, State::SlidingWindow(c)) => c.len() == self.windows,
             (Algorithm::SlidingLog, State::SlidingLog(_)) => true,
             (Algorithm::FixedWindow, State::FixedWindow { .. }) => true,
+            (Algorithm::Concurrency, State::Concurrency(_)) => true,
             _ => false,
         }
     }
@@ -203,6 +221,7 @@ impl Quota {
             State::FixedWindow { window, count } => {
                 fixed_window::verdict(self, *window, *count, now, cost)
             }
+            State::Concurrency(leases) => concurrency::verdict(self, leases, now, cost),
         }
     }
 
@@ -233,6 +252,10 @@ impl Quota {
     /// Records a hit of `cost` at `now` in `state`, admitted or not. Recording a denied hit
     /// (for policies that count denied attempts) is bounded: it can delay the identifier by
     /// at most about one more window, never lock it out for good.
+    ///
+    /// A concurrency state only drops its expired leases here: a lease is taken with
+    /// [`concurrency::acquire`], which needs the lease's id, so a hit that merely passes a
+    /// concurrency leaf holds no slot.
     pub fn record(&self, state: &mut State, now: u64, cost: u64) {
         if !self.fits(state) {
             *state = self.fresh_state();
@@ -243,6 +266,9 @@ impl Quota {
             State::SlidingLog(log) => log.record(self, now, cost),
             State::FixedWindow { window, count } => {
                 (*window, *count) = fixed_window::record(self, *window, *count, now, cost)
+            }
+            State::Concurrency(leases) => {
+                leases.drop_expired(now);
             }
         }
     }
@@ -261,6 +287,7 @@ impl Quota {
                     window.saturating_add(1).saturating_mul(self.window)
                 }
             }
+            State::Concurrency(leases) => leases.expires_at(),
         }
     }
 }

@@ -67,6 +67,20 @@ impl Log {
         }
     }
 
+    /// Takes `refund` from and adds `debt` to the entry at `at`, if it is still in the log
+    /// (an entry refunded to nothing goes). Returns whether it was.
+    pub(crate) fn adjust(&mut self, at: u64, refund: u64, debt: u64) -> bool {
+        let Some(index) = self.hits.iter().position(|(t, _)| *t == at) else {
+            return false;
+        };
+        let cost = &mut self.hits[index].1;
+        *cost = cost.saturating_sub(refund).saturating_add(debt);
+        if *cost == 0 {
+            self.hits.remove(index);
+        }
+        true
+    }
+
     pub(crate) fn expires_at(&self, quota: &Quota) -> u64 {
         self.hits
             .back()

@@ -76,6 +76,18 @@ impl Counters {
         *slot = slot.saturating_add(cost).min(quota.limit() * 2);
     }
 
+    /// Takes `refund` from and adds `debt` to sub-window `number`'s count, if it is still
+    /// one of the counted sub-windows. Returns whether it was.
+    pub(crate) fn adjust(&mut self, number: u64, refund: u64, debt: u64) -> bool {
+        let g = self.counts.len() as u64;
+        if number > self.newest || number + g <= self.newest {
+            return false;
+        }
+        let slot = &mut self.counts[(number % g) as usize];
+        *slot = slot.saturating_sub(refund).saturating_add(debt);
+        true
+    }
+
     pub(crate) fn expires_at(&self, quota: &Quota) -> u64 {
         let g = self.counts.len() as u64;
         let last = (0..g)

@@ -20,6 +20,7 @@ use std::str::FromStr;
 use lex::{Kind, Token, lex, number_value, quote};
 
 use crate::algorithm::Algorithm;
+use crate::algorithm::concurrency::MAX_CONCURRENT;
 use crate::rate::{MAX_COUNT, Rate, RateError, Span, Unit};
 use crate::rule::{
     Leaf, LeafOptions, MAX_DEPTH, MAX_LEAVES, MAX_NAME_LEN, MAX_WINDOWS, Rule, Selector,
@@ -64,6 +65,8 @@ impl FromStr for Rate {
 }
 
 const UNIT: &str = "a unit (s, m, h, d, w, y or a long name)";
+/// The word that makes a count a concurrency limit: `user:3 concurrent`.
+const CONCURRENT: &str = "concurrent";
 
 fn error_at(token: Token<'_>, expected: impl Into<String>) -> RuleError {
     RuleError {
@@ -208,6 +211,14 @@ impl<'a> Parser<'a> {
             Kind::Word => self.selector()?,
             _ => Selector::global(),
         };
+        let concurrent = self.peek().is_some_and(|t| t.kind == Kind::Number)
+            && self
+                .tokens
+                .get(self.next + 1)
+                .is_some_and(|t| t.text.eq_ignore_ascii_case(CONCURRENT));
+        if concurrent {
+            return self.concurrency_leaf(selector);
+        }
         let rate = self.rate()?;
         let options = self.options()?;
         Ok(Rule::Leaf(Leaf {
@@ -256,8 +267,55 @@ impl<'a> Parser<'a> {
     fn rate(&mut self) -> Result<Rate, RuleError> {
         let (count, count_token) = self.number("a count", MAX_COUNT)?;
         if !self.eat("/") {
-            return Err(self.error_here("`/`"));
+            return Err(self.error_here("`/` (or `concurrent`)"));
         }
+        let span = self.span()?;
+        Rate::new(count, span).map_err(|err| error_at(count_token, acceptable(&err)))
+    }
+
+    /// `count concurrent [lease=span]`, the selector already read.
+    fn concurrency_leaf(&mut self, selector: Selector) -> Result<Rule, RuleError> {
+        let (count, count_token) = self.number("a count of leases", MAX_CONCURRENT)?;
+        self.next += 1; // `concurrent`, seen by the caller
+        if self.peek().is_some_and(|t| t.text == "/") {
+            return Err(self.error_here(
+                "an option or the end of the leaf (a concurrency leaf takes a count, not a rate)",
+            ));
+        }
+        let mut lease = None;
+        while let Some(name) = self.take(Kind::Word) {
+            match name.text.to_ascii_lowercase().as_str() {
+                "lease" if lease.is_some() => {
+                    return Err(error_at(name, "at most one `lease` option"));
+                }
+                "lease" => {
+                    if !self.eat("=") {
+                        return Err(self.error_here("`=`"));
+                    }
+                    if !self
+                        .peek()
+                        .is_some_and(|t| matches!(t.kind, Kind::Number | Kind::Word))
+                    {
+                        return Err(self.error_here("a lease time such as 30s or 5m"));
+                    }
+                    lease = Some(self.span()?);
+                }
+                "burst" | "algorithm" | "algo" | "windows" => {
+                    let expected =
+                        "`lease=` (a concurrency leaf takes no burst, algorithm or windows)";
+                    return Err(error_at(name, expected));
+                }
+                _ => return Err(error_at(name, "an option (lease)")),
+            }
+        }
+        let mut leaf = Leaf::concurrent(count, lease)
+            .map_err(|err| error_at(count_token, acceptable(&err)))?;
+        leaf.selector = selector;
+        Ok(Rule::Leaf(leaf))
+    }
+
+    /// `[multiplier]unit`: `s`, `5m`, `30s`.
+    fn span(&mut self) -> Result<Span, RuleError> {
         let multiplier = self.take(Kind::Number);
         // The multiplier and unit form one word (`5m`), so no space may come between them.
         let unit = match self.peek() {
@@ -275,7 +333,7 @@ impl<'a> Parser<'a> {
             Some(m) => number_value(m.text)
                 .map_or(Err(RateError::SpanTooLong), |n| Span::new(n, unit_value)),
         };
-        let span = span.map_err(|err| RuleError {
+        span.map_err(|err| RuleError {
             column: multiplier.unwrap_or(unit).column,
             expected: acceptable(&err),
             found: quote(&format!(
@@ -283,8 +341,7 @@ impl<'a> Parser<'a> {
                 multiplier.map_or("", |m| m.text),
                 unit.text
             )),
-        })?;
-        Rate::new(count, span).map_err(|err| error_at(count_token, acceptable(&err)))
+        })
     }
 
     /// `name=value`, each option at most once.
@@ -296,7 +353,19 @@ impl<'a> Parser<'a> {
                 "burst" => ("burst", options.burst.is_some()),
                 "algorithm" | "algo" => ("algorithm", options.algorithm.is_some()),
                 "windows" => ("windows", options.windows.is_some()),
-                _ => return Err(error_at(name, "an option (burst, algorithm or windows)")),
+                "prefetch" => ("prefetch", options.prefetch.is_some()),
+                CONCURRENT | "lease" => {
+                    let expected = "an option (burst, algorithm, windows or prefetch); \
+                                    `concurrent` and `lease` follow a bare count: \
+                                    `3 concurrent lease=30s`";
+                    return Err(error_at(name, expected));
+                }
+                _ => {
+                    return Err(error_at(
+                        name,
+                        "an option (burst, algorithm, windows or prefetch)",
+                    ));
+                }
             };
             if given {
                 return Err(error_at(name, format!("at most one `{canonical}` option")));
@@ -309,6 +378,16 @@ impl<'a> Parser<'a> {
                 "windows" => {
                     let (windows, _) = self.number("a number of windows", MAX_WINDOWS.into())?;
                     options.windows = u32::try_from(windows).ok(); // at most MAX_WINDOWS: fits
+                }
+                "prefetch" => {
+                    let expected = format!("a block size from 2 to {MAX_COUNT}");
+                    let Some(token) = self.take(Kind::Number) else {
+                        return Err(self.error_here(expected));
+                    };
+                    let block = number_value(token.text)
+                        .filter(|n| (2..=MAX_COUNT).contains(n))
+                        .ok_or_else(|| error_at(token, expected))?;
+                    options.prefetch = Some(block);
                 }
                 _ => options.algorithm = Some(self.algorithm()?),
             }

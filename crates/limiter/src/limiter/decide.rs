@@ -1,11 +1,12 @@
 //! One decision, around the store: the identifiers a hit names, the near cache before the
 //! store, the failure mode after it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sluice_core::{Decision, Denial, Evaluation, Recording};
 
+use super::prefetch::Prefetched;
 use super::{Checked, Error, Limiter, PolicyRef, Selectors};
 use crate::failure::{Counters, FailureMode, STORE_PAUSE};
 use crate::identifier::{Identifier, Identifiers, push_value};
@@ -24,8 +25,9 @@ struct Ask {
     identifiers: Identifiers,
     /// The near cache applies to this hit.
     cached: bool,
-    /// The store is resting after an error: the failure mode decides.
-    paused: bool,
+    /// The store is resting after an error: the failure mode decides. (Set later too, by
+    /// a hit that waited for a prefetched block while the store failed.)
+    paused: AtomicBool,
 }
 
 impl Ask {
@@ -59,8 +61,17 @@ impl Limiter {
             Prepared::Ask(ask) => ask,
         };
         let hit = ask.hit(&policy, cost, recording);
-        let result = if ask.paused {
+        let result = if ask.paused.load(Ordering::Relaxed) {
             Err(paused())
+        } else if let Some((take, span)) = self.prefetch(&policy, cost, recording) {
+            match self.prefetched(&policy, &hit, take, span).await {
+                Prefetched::Here(decision) => return Ok(finish(policy, decision, true)),
+                Prefetched::Asked(result) => result,
+                Prefetched::Paused => {
+                    ask.paused.store(true, Ordering::Relaxed);
+                    Err(paused())
+                }
+            }
         } else {
             self.store.decide(&hit).await
         };
@@ -84,7 +95,7 @@ impl Limiter {
             Err(error) => return Some(Err(error)),
         };
         let hit = ask.hit(&policy, cost, recording);
-        let result = if ask.paused {
+        let result = if ask.paused.load(Ordering::Relaxed) {
             Err(paused())
         } else {
             self.store.try_decide_now(&hit)?
@@ -102,6 +113,9 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Result<Prepared, Error> {
+        if policy.concurrent {
+            return Err(Error::NeedsAcquire(policy.name().to_owned()));
+        }
         let mut identifiers = Identifiers::take();
         for leaf in &policy.leaves {
             write_leaf(identifiers.next(), policy, leaf, selectors)?;
@@ -129,7 +143,7 @@ impl Limiter {
         Ok(Prepared::Ask(Ask {
             identifiers,
             cached,
-            paused,
+            paused: AtomicBool::new(paused),
         }))
     }
 
@@ -144,7 +158,7 @@ impl Limiter {
         let decision = match result {
             Ok(decision) => decision,
             Err(error) if error.is_transient() => {
-                if !ask.paused {
+                if !ask.paused.load(Ordering::Relaxed) {
                     Counters::bump(&self.counters.store_errors);
                     let until = self.clock.now() + STORE_PAUSE.as_nanos() as u64;
                     self.counters
@@ -220,12 +234,12 @@ impl Answer {
     }
 }
 
-fn paused() -> StoreError {
+pub(super) fn paused() -> StoreError {
     StoreError::Unavailable("paused after a recent error".into())
 }
 
 /// The answer the caller acts on: a shadow policy's denial is reported, not enforced.
-fn finish(policy: PolicyRef, mut decision: Decision, cached: bool) -> Checked {
+pub(super) fn finish(policy: PolicyRef, mut decision: Decision, cached: bool) -> Checked {
     let shadow_denied = policy.policy.shadow && !decision.allowed();
     if shadow_denied {
         decision.denial = None;
@@ -281,7 +295,7 @@ fn value<'a>(
 }
 
 /// Writes a leaf's identifier into `id` (empty).
-fn write_leaf(
+pub(super) fn write_leaf(
     id: &mut Identifier,
     policy: &CompiledPolicy,
     leaf: &CompiledLeaf,
@@ -297,9 +311,9 @@ fn write_leaf(
 }
 
 /// Writes the penalty record's identifier, `namespace:key:names:values:penalty`, into `id`
-/// (empty). Counters end in a rate, which always holds a `/`, so a penalty record can never
-/// share a counter's name.
-fn write_penalty(
+/// (empty). Counters end in a rate, which always holds a `/`, or in `:concurrent`, so a
+/// penalty record can never share a counter's name.
+pub(super) fn write_penalty(
     id: &mut Identifier,
     policy: &CompiledPolicy,
     selectors: &Selectors<'_>,

@@ -1,7 +1,9 @@
 //! The `Limiter`: named policies over a store.
 
+mod acquire;
 mod decide;
 mod handle;
+mod prefetch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,7 +29,8 @@ pub struct Checked {
     pub decision: Decision,
     /// A shadow policy would have denied this hit.
     pub shadow_denied: bool,
-    /// Answered by the near cache, without asking the store.
+    /// Answered in this process without asking the store: by the near cache, or from a
+    /// `prefetch=N` leaf's block (or its standing refusal).
     pub cached: bool,
     /// The store could not decide; the policy's failure mode did (see [`FailureMode`]).
     pub without_store: Option<FailureMode>,
@@ -76,6 +79,16 @@ pub enum Error {
     MissingSelector { policy: String, selector: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A check (or peek) on a policy with a concurrency leaf: only
+    /// [`Limiter::acquire`] can take the lease such a leaf counts.
+    #[error("policy `{0}` has a concurrency leaf: take a lease with `acquire`, not a check")]
+    NeedsAcquire(String),
+    /// [`Limiter::acquire`] on a policy without a concurrency leaf.
+    #[error("policy `{0}` has no concurrency leaf: there is no lease to take; use a check")]
+    NoConcurrencyLeaf(String),
+    /// [`Limiter::reserve`] on a policy with a concurrency leaf: a reservation charges rates.
+    #[error("policy `{0}` has a concurrency leaf: reservations apply to rate leaves only")]
+    ReserveConcurrency(String),
 }
 
 impl Error {
@@ -120,6 +133,8 @@ pub struct Limiter {
     /// Decides for policies failing `local` while the store is away.
     fallback: MemoryStore,
     counters: Counters,
+    /// Admissions taken from the store ahead of time for `prefetch=N` leaves.
+    blocks: prefetch::Blocks,
 }
 
 /// Configures a [`Limiter`].
@@ -169,6 +184,7 @@ impl LimiterBuilder {
             near_cache: self.near_cache.map(|(n, ttl)| NearCache::new(n, ttl)),
             fallback,
             counters: Counters::default(),
+            blocks: prefetch::Blocks::default(),
         })
     }
 }
@@ -335,7 +351,7 @@ impl Limiter {
 }
 
 /// What a check records: denied attempts too when the policy counts them.
-fn counting(policy: &CompiledPolicy) -> Recording {
+pub(super) fn counting(policy: &CompiledPolicy) -> Recording {
     if policy.policy.count_denied {
         Recording::Always
     } else {

@@ -1,20 +1,21 @@
-//! One shard of the memory store: GCRA states as bare atomic words, every other state as a
-//! plain cell, and the bound on how many identifiers the shard holds.
+//! One shard of the memory store: GCRA states as bare atomic words (see [`super::words`]),
+//! every other state as a plain cell, and the bound on how many identifiers the shard holds.
 //!
-//! Memory: a GCRA identifier costs one 32-byte slot (the identifier, inline when it is at
-//! most 24 bytes, and the state word) in an open-addressing table, plus one control byte.
-//! Tables grow by doubling, so that is 37.7 to 75.4 bytes per identifier depending on where
-//! the table is in its doubling cycle; an identifier longer than 24 bytes adds its own heap
-//! allocation. Holding short identifiers inline also saves a cache miss per hit: comparing
-//! the identifier reads the slot's own cache line. Measured (`benches/vs_governor.rs`,
-//! `tests/memory_size.rs`): 69 bytes per identifier at 1,000,000 GCRA identifiers of 20
-//! bytes (70 resident with glibc), against 89 (101) for governor's keyed limiter.
+//! Memory: a GCRA identifier of up to 24, 32 or 40 bytes costs one slot of 32, 40 or 48
+//! bytes (the identifier whole and the state word) in an open-addressing table, plus one
+//! control byte; a longer one, a 24-byte slot and its exact-length copy on the heap. Tables
+//! grow by doubling, so a slot costs 8/7 to 16/7 of its size depending on where the table
+//! is in its doubling cycle. Measured (`benches/vs_governor.rs`, `tests/memory_size.rs`):
+//! 86 bytes per identifier at 1,000,000 GCRA identifiers of 30 bytes (87 resident with
+//! glibc), against 99 (117) for governor's keyed limiter on `String` keys of the same text.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
 use sluice_core::{PenaltyState, State};
+
+pub(crate) use super::words::{KeyHasher, Probe, Words};
 
 /// A state other than a GCRA word, with the time from which it is equivalent to fresh.
 #[derive(Debug)]
@@ -31,12 +32,13 @@ pub(crate) enum CellValue {
 
 #[derive(Default)]
 pub(crate) struct Table {
-    pub(crate) words: HashTable<(Key, AtomicU64)>,
+    pub(crate) words: Words,
     pub(crate) cells: HashTable<(Key, Cell)>,
 }
 
-/// An identifier as a table holds it: inline up to 24 bytes, so comparing a short
-/// identifier reads the slot's own cache line and nothing else.
+/// An identifier as the table of cells holds it: inline up to 24 bytes. Cells (other
+/// algorithms than GCRA, penalty records) are decided under the shard's exclusive lock,
+/// where a second read for a long identifier is not what the time goes to.
 pub(crate) type Key = CompactString;
 
 /// What making room did.
@@ -51,27 +53,25 @@ impl Table {
         self.words.len() + self.cells.len()
     }
 
-    pub(crate) fn word(&self, hash: u64, id: &str) -> Option<&AtomicU64> {
-        self.words.find(hash, |(k, _)| k == id).map(|(_, w)| w)
+    #[inline]
+    pub(crate) fn word(&self, hash: u64, probe: &Probe<'_>) -> Option<&AtomicU64> {
+        self.words.get(hash, probe)
     }
 
     /// Removes `id` wherever it is. Returns whether it was present.
     pub(crate) fn remove(&mut self, hash: u64, id: &str) -> bool {
-        let word = self
-            .words
-            .find_entry(hash, |(k, _)| k == id)
-            .map(|e| e.remove());
+        let word = self.words.remove(hash, &Probe::new(id));
         let cell = self
             .cells
             .find_entry(hash, |(k, _)| k == id)
             .map(|e| e.remove());
-        word.is_ok() || cell.is_ok()
+        word || cell.is_ok()
     }
 
     /// Drops states that are equivalent to fresh at `now`.
     pub(crate) fn drop_expired(&mut self, now: u64) -> u64 {
         let before = self.len();
-        self.words.retain(|(_, w)| w.load(Ordering::Relaxed) > now);
+        self.words.retain(|tat| tat > now);
         self.cells.retain(|(_, c)| c.expires_at > now);
         (before - self.len()) as u64
     }
@@ -90,8 +90,7 @@ impl Table {
         }
         let mut expiries: Vec<u64> = self
             .words
-            .iter()
-            .map(|(_, w)| w.load(Ordering::Relaxed))
+            .values()
             .chain(self.cells.iter().map(|(_, c)| c.expires_at))
             .collect();
         let evict = (cap / 8).max(self.len() + 1 - cap).min(expiries.len());
@@ -109,7 +108,7 @@ impl Table {
             true
         };
         let before = self.len();
-        self.words.retain(|(_, w)| keep(w.load(Ordering::Relaxed)));
+        self.words.retain(&mut keep);
         self.cells.retain(|(_, c)| keep(c.expires_at));
         swept.evicted = (before - self.len()) as u64;
         swept

@@ -11,9 +11,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use sluice_core::Decision;
+use std::time::Duration;
 
-use super::{Hit, Identifier, Store, StoreError};
+use sluice_core::Decision;
+use sluice_core::algorithm::concurrency::Released;
+
+use super::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 use crate::memory::MemoryStore;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -37,6 +40,29 @@ trait Erased: Send + Sync + 'static {
     fn reset<'a>(&'a self, identifiers: &'a [Identifier]) -> BoxFuture<'a, Result<(), StoreError>>;
     fn is_remote(&self) -> bool;
     fn as_any(&self) -> &dyn Any;
+    fn acquire<'a>(
+        &'a self,
+        hit: &'a Hit<'a>,
+        lease: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+    fn release<'a>(
+        &'a self,
+        leases: &'a LeaseKeys<'a>,
+        lease: u64,
+    ) -> BoxFuture<'a, Result<Released, StoreError>>;
+    fn renew<'a>(
+        &'a self,
+        leases: &'a LeaseKeys<'a>,
+        lease: u64,
+    ) -> BoxFuture<'a, Result<Option<Duration>, StoreError>>;
+    fn reserve<'a>(
+        &'a self,
+        hit: &'a Hit<'a>,
+    ) -> BoxFuture<'a, Result<(Decision, u64), StoreError>>;
+    fn settle<'a>(
+        &'a self,
+        settlement: &'a Settlement<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 impl<S: Store> Erased for S {
@@ -58,6 +84,44 @@ impl<S: Store> Erased for S {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        hit: &'a Hit<'a>,
+        lease: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(Store::acquire(self, hit, lease))
+    }
+
+    fn release<'a>(
+        &'a self,
+        leases: &'a LeaseKeys<'a>,
+        lease: u64,
+    ) -> BoxFuture<'a, Result<Released, StoreError>> {
+        Box::pin(Store::release(self, leases, lease))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        leases: &'a LeaseKeys<'a>,
+        lease: u64,
+    ) -> BoxFuture<'a, Result<Option<Duration>, StoreError>> {
+        Box::pin(Store::renew(self, leases, lease))
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        hit: &'a Hit<'a>,
+    ) -> BoxFuture<'a, Result<(Decision, u64), StoreError>> {
+        Box::pin(Store::reserve(self, hit))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        settlement: &'a Settlement<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::settle(self, settlement))
     }
 }
 
@@ -126,6 +190,48 @@ impl Store for DynStore {
         match &self.0 {
             Kind::Memory(_) => false,
             Kind::Other(store) => store.is_remote(),
+        }
+    }
+
+    async fn acquire(&self, hit: &Hit<'_>, lease: u64) -> Result<Decision, StoreError> {
+        match &self.0 {
+            Kind::Memory(memory) => Ok(memory.acquire_now(hit, lease)),
+            Kind::Other(store) => store.acquire(hit, lease).await,
+        }
+    }
+
+    async fn release(&self, leases: &LeaseKeys<'_>, lease: u64) -> Result<Released, StoreError> {
+        match &self.0 {
+            Kind::Memory(memory) => Ok(memory.release_now(leases, lease)),
+            Kind::Other(store) => store.release(leases, lease).await,
+        }
+    }
+
+    async fn renew(
+        &self,
+        leases: &LeaseKeys<'_>,
+        lease: u64,
+    ) -> Result<Option<Duration>, StoreError> {
+        match &self.0 {
+            Kind::Memory(memory) => Ok(memory.renew_now(leases, lease)),
+            Kind::Other(store) => store.renew(leases, lease).await,
+        }
+    }
+
+    async fn reserve(&self, hit: &Hit<'_>) -> Result<(Decision, u64), StoreError> {
+        match &self.0 {
+            Kind::Memory(memory) => Ok(memory.reserve_now(hit)),
+            Kind::Other(store) => store.reserve(hit).await,
+        }
+    }
+
+    async fn settle(&self, settlement: &Settlement<'_>) -> Result<(), StoreError> {
+        match &self.0 {
+            Kind::Memory(memory) => {
+                memory.settle_now(settlement);
+                Ok(())
+            }
+            Kind::Other(store) => store.settle(settlement).await,
         }
     }
 }

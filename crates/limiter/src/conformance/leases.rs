@@ -1,0 +1,161 @@
+//! Concurrency cases: leases never exceed the limit, release frees a slot at once, renew
+//! keeps a lease, an abandoned lease expires by itself, and a check cannot take a lease.
+//!
+//! Run by [`concurrency_conformance_tests!`](crate::concurrency_conformance_tests), apart
+//! from the rate cases: in this phase only the memory store supports leases.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_core::Denial;
+
+use super::StoreFactory;
+use super::harness::{ALICE, BOB, HOUR, Namespace, TASKS, limiter};
+use crate::{Acquired, Error, Limiter, Released, Selectors};
+
+async fn acquire(limiter: &Limiter, policy: &str, selectors: &Selectors<'_>) -> Acquired {
+    let acquired = limiter.acquire(policy, selectors).await;
+    acquired.unwrap_or_else(|e| panic!("acquire {policy} {selectors:?}: {e}"))
+}
+
+/// 64 tasks over two limiters (two app servers) take leases on `x:3 concurrent`, each
+/// holding a few milliseconds, retrying until admitted: the holders' own count never
+/// exceeds 3, and every task is served before the deadline.
+pub async fn leases_never_exceed_the_limit<F: StoreFactory>(factory: &F) {
+    const LIMIT: usize = 3;
+    let ns = Namespace::new("leases-race");
+    let policies = || [ns.policy("x", "x:3 concurrent lease=1h")];
+    let servers = [limiter(factory, policies()), limiter(factory, policies())];
+    let holding = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let limiter = servers[task % 2].clone();
+            let (holding, most) = (holding.clone(), most.clone());
+            tokio::spawn(async move {
+                let mut attempts = 0u32;
+                loop {
+                    attempts += 1;
+                    let acquired = acquire(&limiter, "x", &[("x", "one")]).await;
+                    if let Some(lease) = acquired.lease {
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        // Hold a few ms (1 to 4, by task), as real work would.
+                        tokio::time::sleep(Duration::from_millis(1 + task as u64 % 4)).await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        let released = lease.release().await.expect("release");
+                        assert_eq!(released, Released::Released, "task {task}");
+                        return attempts;
+                    }
+                    let denial = acquired.checked.decision.denial;
+                    assert!(
+                        matches!(denial, Some(Denial::Occupied { .. })),
+                        "task {task}: {denial:?}"
+                    );
+                    assert!(Instant::now() < deadline, "task {task} was never served");
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a task panicked");
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= LIMIT, "{most} holders at once, limit {LIMIT}");
+    assert!(most >= 2, "the race never overlapped holders ({most})");
+    // Every lease was released: all three slots are free again.
+    let d = acquire(&servers[0], "x", &[("x", "one")]).await;
+    assert_eq!(d.checked.decision.remaining, 2);
+}
+
+/// Releasing frees a slot at once; releasing twice is harmless and reported; a lease of one
+/// key does not free another's.
+pub async fn release_frees_at_once<F: StoreFactory>(factory: &F) {
+    let ns = Namespace::new("leases-release");
+    let limiter = limiter(factory, [ns.policy("export", "user:2 concurrent lease=1h")]);
+    let first = acquire(&limiter, "export", ALICE).await;
+    assert_eq!(first.checked.decision.remaining, 1);
+    assert_eq!(first.checked.decision.limit, 2);
+    let second = acquire(&limiter, "export", ALICE).await;
+    let denied = acquire(&limiter, "export", ALICE).await;
+    assert!(denied.lease.is_none());
+    match denied.checked.decision.denial {
+        Some(Denial::Occupied { retry_after }) => {
+            assert!(retry_after <= HOUR && retry_after > HOUR - Duration::from_secs(60));
+        }
+        other => panic!("expected occupied, got {other:?}"),
+    }
+    // Bob's slots are his own.
+    assert!(acquire(&limiter, "export", BOB).await.lease.is_some());
+    let first = first.lease.expect("admitted");
+    assert_eq!(first.release().await.unwrap(), Released::Released);
+    let third = acquire(&limiter, "export", ALICE).await;
+    assert!(third.lease.is_some(), "a released slot is free at once");
+    drop(third); // dropping releases too
+    let fourth = acquire(&limiter, "export", ALICE).await;
+    let fourth = fourth.lease.expect("a dropped lease frees its slot");
+    let id = fourth.id();
+    assert_eq!(fourth.release().await.unwrap(), Released::Released);
+    drop(second);
+    assert_ne!(id.to_string(), "");
+}
+
+/// Renewing keeps a lease for one more lease time; a check on a concurrency rule is a clear
+/// error, and acquire on a rule without one too.
+pub async fn renew_keeps_a_lease<F: StoreFactory>(factory: &F) {
+    let ns = Namespace::new("leases-renew");
+    let limiter = limiter(
+        factory,
+        [
+            ns.policy("one", "user:1 concurrent lease=1h"),
+            ns.policy("rate", "user:5/m"),
+        ],
+    );
+    let held = acquire(&limiter, "one", ALICE).await.lease.expect("free");
+    let left = held.renew().await.unwrap().expect("still held");
+    assert!(
+        left <= HOUR && left > HOUR - Duration::from_secs(60),
+        "{left:?}"
+    );
+    assert!(acquire(&limiter, "one", ALICE).await.lease.is_none());
+    assert!(matches!(
+        limiter.check("one", ALICE, 1).await,
+        Err(Error::NeedsAcquire(_))
+    ));
+    assert!(matches!(
+        limiter.acquire("rate", ALICE).await,
+        Err(Error::NoConcurrencyLeaf(_))
+    ));
+    assert_eq!(held.release().await.unwrap(), Released::Released);
+}
+
+/// A lease whose holder vanished (never released) frees its slot when it expires, not
+/// before: with `lease=1s`, no sooner than a second after it was taken.
+pub async fn abandoned_leases_expire<F: StoreFactory>(factory: &F) {
+    let ns = Namespace::new("leases-expire");
+    let limiter = limiter(factory, [ns.policy("job", "user:1 concurrent lease=1s")]);
+    let taken = Instant::now();
+    let lease = acquire(&limiter, "job", ALICE).await.lease.expect("free");
+    lease.forget();
+    let deadline = taken + Duration::from_secs(10);
+    loop {
+        let acquired = acquire(&limiter, "job", ALICE).await;
+        if acquired.lease.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = taken.elapsed();
+    // A store with a coarser clock may free it up to one of its ticks early.
+    assert!(
+        elapsed >= Duration::from_millis(990),
+        "freed after {elapsed:?}"
+    );
+}

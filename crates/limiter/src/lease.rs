@@ -1,0 +1,234 @@
+//! What a caller holds after [`Limiter::acquire`](crate::Limiter::acquire) and
+//! [`Limiter::reserve`](crate::Limiter::reserve): a [`Lease`] on a concurrency slot, released
+//! when dropped, and a [`Reservation`] of an estimated cost, settled at its actual cost.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sluice_core::Quota;
+pub use sluice_core::algorithm::concurrency::Released;
+
+use crate::identifier::Identifier;
+use crate::limiter::{Checked, Error};
+use crate::store::{DynStore, LeaseKeys, Settlement, Store};
+
+/// A lease's id: 64 random-looking bits, written as 16 hex digits. Ids from different
+/// processes do not collide in practice, so processes sharing a store need no coordination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId(pub u64);
+
+impl LeaseId {
+    /// A fresh id: a process-wide counter, mixed by a hasher seeded at random per process.
+    pub fn random() -> LeaseId {
+        use std::hash::BuildHasher;
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        static SEED: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        LeaseId(SEED.get_or_init(Default::default).hash_one(n))
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Why a text is not a lease id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a lease id (16 hex digits)")]
+pub struct BadLeaseId(pub String);
+
+impl FromStr for LeaseId {
+    type Err = BadLeaseId;
+
+    fn from_str(text: &str) -> Result<LeaseId, BadLeaseId> {
+        let valid = text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit());
+        match u64::from_str_radix(text, 16) {
+            Ok(n) if valid => Ok(LeaseId(n)),
+            _ => Err(BadLeaseId(text.chars().take(32).collect())),
+        }
+    }
+}
+
+/// The concurrency leaves of one acquire: where its lease lives.
+#[derive(Debug)]
+pub(crate) struct LeaseParts {
+    pub(crate) identifiers: Vec<Identifier>,
+    pub(crate) quotas: Vec<Quota>,
+}
+
+impl LeaseParts {
+    fn keys(&self) -> LeaseKeys<'_> {
+        LeaseKeys {
+            identifiers: &self.identifiers,
+            quotas: &self.quotas,
+        }
+    }
+}
+
+/// The answer of [`Limiter::acquire`](crate::Limiter::acquire): the decision, and the lease
+/// when the store admitted the hit.
+#[derive(Debug)]
+pub struct Acquired {
+    pub checked: Checked,
+    /// Held while this lives; `None` when denied (and for a shadow policy's denial, which is
+    /// admitted without a slot).
+    pub lease: Option<Lease>,
+}
+
+/// A held concurrency slot. Dropping it releases the slot: at once on the memory store; on a
+/// remote store by a task spawned on the current tokio runtime (never blocking the thread),
+/// or, with no runtime at hand, not at all: the lease then expires by itself after its lease
+/// time. [`Lease::release`] releases and reports what it found.
+pub struct Lease {
+    id: LeaseId,
+    store: DynStore,
+    parts: Arc<LeaseParts>,
+    done: bool,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.id)
+            .field("identifiers", &self.parts.identifiers)
+            .finish()
+    }
+}
+
+impl Lease {
+    pub(crate) fn new(id: LeaseId, store: DynStore, parts: LeaseParts) -> Lease {
+        Lease {
+            id,
+            store,
+            parts: Arc::new(parts),
+            done: false,
+        }
+    }
+
+    pub fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    /// Releases the slot now. Answers [`Released::Expired`] if the lease had expired (its
+    /// slot was already free, maybe taken by another holder) and [`Released::NotHeld`] if
+    /// the store no longer knew it: both harmless, both worth logging.
+    pub async fn release(mut self) -> Result<Released, Error> {
+        self.done = true;
+        Ok(self.store.release(&self.parts.keys(), self.id.0).await?)
+    }
+
+    /// Extends the lease to one lease time from now: the time it has left, or `None` if it
+    /// had expired (it cannot come back; acquire again).
+    pub async fn renew(&self) -> Result<Option<Duration>, Error> {
+        Ok(self.store.renew(&self.parts.keys(), self.id.0).await?)
+    }
+
+    /// Lets go of the guard without releasing: the slot stays held until the lease expires
+    /// (or someone releases the returned id). For handing a lease to another process, and
+    /// for tests of holders that vanish.
+    pub fn forget(mut self) -> LeaseId {
+        self.done = true;
+        self.id
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        match self.store.as_memory() {
+            Some(memory) => {
+                memory.release_now(&self.parts.keys(), self.id.0);
+            }
+            None => self.release_in_background(),
+        }
+    }
+}
+
+impl Lease {
+    /// Releases on a task of the current tokio runtime; with none, the lease expires by
+    /// itself (a thread is never blocked on the store).
+    #[cfg(feature = "tokio")]
+    fn release_in_background(&self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, parts, id) = (self.store.clone(), self.parts.clone(), self.id.0);
+            runtime.spawn(async move {
+                let _ = store.release(&parts.keys(), id).await;
+            });
+        }
+    }
+
+    #[cfg(not(feature = "tokio"))]
+    fn release_in_background(&self) {}
+}
+
+/// The answer of [`Limiter::reserve`](crate::Limiter::reserve): the decision on the estimate,
+/// and the reservation to settle when it was admitted.
+#[derive(Debug)]
+pub struct Reserved {
+    pub checked: Checked,
+    /// `None` when denied (nothing was charged), and for a shadow policy's denial.
+    pub reservation: Option<Reservation>,
+}
+
+/// An admitted hit charged its estimate, waiting for its actual cost. Dropping it without
+/// settling leaves the estimate charged.
+pub struct Reservation {
+    store: DynStore,
+    identifiers: Vec<Identifier>,
+    quotas: Vec<Quota>,
+    taken_at: u64,
+    estimate: u64,
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("estimate", &self.estimate)
+            .field("taken_at", &self.taken_at)
+            .finish()
+    }
+}
+
+impl Reservation {
+    pub(crate) fn new(
+        store: DynStore,
+        identifiers: Vec<Identifier>,
+        quotas: Vec<Quota>,
+        taken_at: u64,
+        estimate: u64,
+    ) -> Reservation {
+        Reservation {
+            store,
+            identifiers,
+            quotas,
+            taken_at,
+            estimate,
+        }
+    }
+
+    /// The cost charged when the reservation was admitted.
+    pub fn estimate(&self) -> u64 {
+        self.estimate
+    }
+
+    /// Charges the actual cost: refunds what the estimate took too much, or charges the
+    /// excess as debt that delays the next admissions. Never refused (see
+    /// [`sluice_core::algorithm::settle`] for each algorithm and the bound).
+    pub async fn settle(self, actual: u64) -> Result<(), Error> {
+        let settlement = Settlement {
+            identifiers: &self.identifiers,
+            quotas: &self.quotas,
+            taken_at: self.taken_at,
+            reserved: self.estimate,
+            actual,
+        };
+        Ok(self.store.settle(&settlement).await?)
+    }
+}
