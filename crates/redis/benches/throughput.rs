@@ -2,7 +2,13 @@
 //! `redis-benchmark` running EVALSHA of a minimal GCRA script and of sluice's own scripts on
 //! the same server, in one run: single-leaf GCRA, 50 concurrent callers, on 1 key and on
 //! 1,000,000 keys, redis-benchmark at pipeline depth 1 and 16.
+//! One caller deciding alone gives the latency figures (p50 and p99 of each decision), and
+//! the server's script call count how many decisions the store batched per call.
 //! Run: `cargo bench -p sluice-redis --bench throughput`.
+//!
+//! With `SLUICE_BENCH_REDIS_CELL=/path/to/libredis_cell.so` (redis-cell built outside the
+//! repository), a second redis-server loads that module and `CL.THROTTLE` runs under
+//! redis-benchmark beside the scripts, pinned to the same core.
 //!
 //! The store keeps 50 requests in flight over its one multiplexed connection (so its requests
 //! are pipelined); redis-benchmark uses 50 connections. Redis CPU per decision is the
@@ -15,9 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::{Leaf, Quota, Rate, Span, Unit};
-use sluice_limiter::Identifier;
+use sluice_limiter::{Identifier, Store};
 use sluice_redis::RedisStore;
-use sluice_redis::script::{DECIDE, GCRA_ONE, arguments, gcra_one_arguments};
+use sluice_redis::script::{
+    ALGORITHMS_LUA, DECIDE, GCRA_BATCH, LeanGcra, arguments, batch_arguments, gcra_one_arguments,
+};
 use sluice_testkit::RedisServer;
 use sluice_testkit::bench::{OneLeaf, decisions_per_second, median};
 
@@ -59,6 +67,50 @@ fn benchmark_round(port: u16, depth: usize, keys: usize, requests: usize, call: 
         .unwrap_or_else(|| panic!("cannot read redis-benchmark output: {text}"))
 }
 
+/// Script calls the server ran so far (EVALSHA, EVAL and FCALL, from `INFO commandstats`).
+fn script_calls(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "commandstats"]).expect("INFO");
+    info.lines()
+        .filter(|line| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                .iter()
+                .any(|prefix| line.starts_with(prefix))
+        })
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Latencies of one caller deciding alone for `round`, in microseconds: (p50, p99).
+async fn one_caller_latency(
+    store: &RedisStore,
+    quota: Quota,
+    keys: &[[Identifier; 1]],
+    round: Duration,
+) -> (f64, f64) {
+    let rule = OneLeaf::new(quota);
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    let mut i = 0usize;
+    while started.elapsed() < round {
+        let hit = rule.hit(&keys[i % keys.len()]);
+        let sent = Instant::now();
+        let decision = store.decide(&hit).await.expect("a decision");
+        latencies.push(sent.elapsed().as_secs_f64() * 1e6);
+        assert!(decision.allowed(), "the quota admits all");
+        i = i.wrapping_add(7919);
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
 /// Medians of decisions per second and Redis CPU microseconds per decision.
 #[derive(Default)]
 struct Rounds {
@@ -84,19 +136,44 @@ impl Rounds {
 fn main() {
     let redis = RedisServer::start().expect("redis-server (apt-get install redis-server)");
     let pid = redis.pid().expect("redis-server's pid");
-    let pinned = Command::new("taskset")
-        .args(["-cp", "1", &pid.to_string()])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    println!("redis-server pid {pid}, pinned to core 1: {pinned}");
+    let pin = |pid: u32| {
+        Command::new("taskset")
+            .args(["-cp", "1", &pid.to_string()])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    println!("redis-server pid {pid}, pinned to core 1: {}", pin(pid));
+    // redis-cell, only when built outside the repository and named.
+    let cell = std::env::var("SLUICE_BENCH_REDIS_CELL").ok().map(|module| {
+        let server = RedisServer::start_with(&["--loadmodule", &module])
+            .expect("redis-server with the redis-cell module");
+        let cell_pid = server.pid().expect("pid");
+        println!(
+            "redis-cell server pid {cell_pid}, pinned to core 1: {}",
+            pin(cell_pid)
+        );
+        server
+    });
     let minimal_sha = redis
         .cli(&["SCRIPT", "LOAD", include_str!("minimal_gcra.lua")])
         .expect("load the minimal script")
         .trim()
         .to_owned();
-    for lua in [&*DECIDE, &*GCRA_ONE] {
+    for lua in [&*DECIDE, &*GCRA_BATCH] {
         redis.cli(&["SCRIPT", "LOAD", lua.source]).expect("load");
     }
+    // The full script as a Redis 7 Function: the library is defined once, at FUNCTION LOAD,
+    // not on every call as EVALSHA does. `run` reads KEYS and ARGV, made upvalues here.
+    let library = format!(
+        "#!lua name=sluice_bench\nlocal KEYS, ARGV\n{ALGORITHMS_LUA}\n\
+         redis.register_function('sluice_bench_decide', function(keys, args)\n\
+         KEYS, ARGV = keys, args\n\
+         local time = redis.call('TIME')\n\
+         return run(tonumber(time[1]) * 1000000 + tonumber(time[2]))\nend)\n"
+    );
+    redis
+        .cli(&["FUNCTION", "LOAD", "REPLACE", &library])
+        .expect("FUNCTION LOAD");
     // 10^6 per second per key: every hit is admitted, so every side takes the write path.
     let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
     let quota = Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::Gcra).unwrap();
@@ -109,9 +186,21 @@ fn main() {
     let lean_args = gcra_one_arguments(&hit)
         .unwrap()
         .expect("a one-leaf GCRA hit");
+    let lean_one = LeanGcra::of(&hit).unwrap().expect("a lean hit").arguments();
     let call = |sha: &str, key: &str, args: &[String]| -> Vec<String> {
         let mut call = vec!["EVALSHA".into(), sha.into(), "1".into(), key.into()];
         call.extend(args.iter().cloned());
+        call
+    };
+    // The lean script deciding `n` hits in one call.
+    let batch = |key: &str, n: usize| -> Vec<String> {
+        let mut call = vec!["EVALSHA".into(), GCRA_BATCH.sha.clone(), n.to_string()];
+        call.extend((0..n).map(|_| key.to_owned()));
+        call.extend(
+            batch_arguments((0..n).map(|_| lean_one))
+                .iter()
+                .map(u64::to_string),
+        );
         call
     };
 
@@ -152,15 +241,42 @@ fn main() {
                 ),
             ),
             ("sluice_full", call(&DECIDE.sha, &key("full"), &full_args)),
-            ("sluice_lean", call(&GCRA_ONE.sha, &key("lean"), &lean_args)),
+            ("sluice_full_fcall", {
+                let mut fcall = call("", &key("fcall"), &full_args);
+                fcall[0] = "FCALL".into();
+                fcall[1] = "sluice_bench_decide".into();
+                fcall
+            }),
+            (
+                "sluice_lean",
+                call(&GCRA_BATCH.sha, &key("lean"), &lean_args),
+            ),
         ];
+        // (name, command, server, decisions per command): redis-cell runs on its own server.
+        let mut scripts: Vec<(&str, Vec<String>, &RedisServer, usize)> = scripts
+            .into_iter()
+            .map(|(name, call)| (name, call, &redis, 1))
+            .collect();
+        scripts.push(("sluice_lean_batch_16", batch(&key("batch"), 16), &redis, 16));
+        if let Some(cell) = &cell {
+            let throttle = ["CL.THROTTLE", &key("cell"), "1000000", "1000000", "1", "1"];
+            scripts.push((
+                "redis_cell_throttle",
+                throttle.iter().map(|s| s.to_string()).collect(),
+                cell,
+                1,
+            ));
+        }
         let mut store_rounds = Rounds::default();
+        let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+        let mut batch_sizes = Vec::new();
         let mut script_rounds: Vec<Rounds> = (0..scripts.len() * DEPTHS.len())
             .map(|_| Rounds::default())
             .collect();
         let mut requests = vec![50_000usize; script_rounds.len()];
         for _ in 0..ROUNDS {
             let cpu = cpu_seconds(pid);
+            let calls = script_calls(&redis);
             let started = Instant::now();
             let rate = runtime.block_on(decisions_per_second(
                 &store,
@@ -171,22 +287,38 @@ fn main() {
             ));
             let seconds = started.elapsed().as_secs_f64();
             store_rounds.push(rate * seconds, seconds, cpu_seconds(pid) - cpu);
-            for (i, (depth, (_, call))) in DEPTHS
+            batch_sizes.push(rate * seconds / (script_calls(&redis) - calls) as f64);
+            let (p50, p99) = runtime.block_on(one_caller_latency(&store, quota, &keys, ROUND));
+            p50s.push(p50);
+            p99s.push(p99);
+            for (i, (depth, (_, call, server, per_call))) in DEPTHS
                 .iter()
                 .flat_map(|d| scripts.iter().map(move |s| (*d, s)))
                 .enumerate()
             {
-                let cpu = cpu_seconds(pid);
-                let rate = benchmark_round(redis.port(), depth, count, requests[i], call);
-                let cpu = cpu_seconds(pid) - cpu;
-                script_rounds[i].push(requests[i] as f64, requests[i] as f64 / rate, cpu);
+                let server_pid = server.pid().expect("pid");
+                let cpu = cpu_seconds(server_pid);
+                let rate = benchmark_round(server.port(), depth, count, requests[i], call);
+                let cpu = cpu_seconds(server_pid) - cpu;
+                let decisions = (requests[i] * per_call) as f64;
+                script_rounds[i].push(decisions, requests[i] as f64 / rate, cpu);
                 // The next round lasts about ROUND.
                 requests[i] = ((rate * ROUND.as_secs_f64()) as usize).max(10_000);
             }
         }
         store_rounds.print(&format!("{name}_store_callers_{CALLERS}"));
+        println!(
+            "scenario={name}_store_callers_{CALLERS} decisions_per_script_call={:.1}",
+            median(batch_sizes)
+        );
+        println!(
+            "scenario={name}_store_one_caller p50_us={:.1} p99_us={:.1}",
+            median(p50s),
+            median(p99s)
+        );
         for (i, rounds) in script_rounds.into_iter().enumerate() {
-            let (depth, (script, _)) = (DEPTHS[i / scripts.len()], &scripts[i % scripts.len()]);
+            let (depth, (script, _, _, _)) =
+                (DEPTHS[i / scripts.len()], &scripts[i % scripts.len()]);
             rounds.print(&format!("{name}_evalsha_{script}_depth_{depth}"));
         }
     }

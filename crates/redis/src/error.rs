@@ -4,7 +4,7 @@ use redis::{ErrorKind, ServerErrorKind};
 use sluice_limiter::StoreError;
 
 /// What went wrong talking to Redis.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisError {
     #[error("bad store URL {0}")]

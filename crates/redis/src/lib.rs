@@ -18,9 +18,27 @@
 //! Every key written has an expiry, so nothing outlives its window; key layouts are in
 //! `src/lua/algorithms.lua`. Times are microseconds (the resolution of Redis `TIME`): a rate
 //! faster than one hit per microsecond per identifier is held to one per microsecond.
+//!
+//! How decisions reach Redis:
+//! - The most common hit, one GCRA leaf without a penalty, goes through a lean script
+//!   (`src/lua/gcra_batch.lua`) that answers one integer, the key's debt before the hit;
+//!   the core's GCRA turns it into the decision, so the caller sees what the full script
+//!   would say (the shared vectors check it). Such hits waiting at once are **batched**:
+//!   one writer task per store sends what is queued (at most 64 hits) as one script call
+//!   that decides each in order, while at most two calls are out. There is no timer: a hit
+//!   that finds nothing in flight goes at once, alone. On a Cluster a batch is split by slot
+//!   (a script's keys share one), its per-slot calls sent together. A call that fails fails
+//!   every hit in it (`Unavailable` or `Timeout`): none is ever reported admitted without
+//!   Redis's answer, though a call whose reply was lost may have counted.
+//! - Every other rule runs the full script (algorithms.lua with `run`), as a Redis 7
+//!   Function (`FUNCTION LOAD` once, then `FCALL`), which defines the library of algorithms
+//!   once instead of on every call; the library is loaded again when a server has lost it
+//!   (restart, failover, `FUNCTION FLUSH`), and a server without Functions (before Redis 7)
+//!   or that refuses them is sent the same script by EVALSHA.
 
 #![forbid(unsafe_code)]
 
+mod batch;
 mod error;
 // Public only for this crate's tests, which run the Lua algorithms against the shared
 // vectors; not part of the API.

@@ -12,7 +12,8 @@ use sluice_core::Decision;
 use sluice_limiter::{Hit, Identifier, Store, StoreError};
 
 use crate::RedisError;
-use crate::script::{DECIDE, GCRA_ONE, Lua, arguments, decision, gcra_one_arguments};
+use crate::batch::{Batcher, Pending, gone};
+use crate::script::{DECIDE, LIBRARY, LeanGcra, Lua, arguments, decision};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
@@ -35,18 +36,35 @@ fn not_executed(e: &redis::RedisError) -> bool {
     )
 }
 
+/// Whether the server lacks the function called (not loaded yet, or lost): it did not run.
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("Function not found"))
+}
+
+/// Whether the server will not run functions at all: no FCALL (Redis before 7), or not for
+/// this user. The call did not run.
+fn functions_refused(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || (e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command")))
+}
+
 /// Time allowed for one decision when the builder sets none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The store on Redis. Cheap to clone; clones share one multiplexed connection (standalone)
-/// or one set of node connections (Cluster), over which concurrent decisions are pipelined.
+/// or one set of node connections (Cluster), over which concurrent decisions are pipelined,
+/// and concurrent single-leaf GCRA decisions are batched (see the crate docs).
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     connection: Connection,
+    /// The queue of lean GCRA hits, sent in batches.
+    batcher: Batcher,
     timeout: Duration,
     /// Replicas each decision must reach (`WAIT`) before it counts; 0: none.
     wait_replicas: u32,
@@ -55,6 +73,9 @@ struct Inner {
     tokens: AtomicU64,
     /// Whether the last call that ended got an answer: its changes are logged, once each.
     reachable: AtomicBool,
+    /// Whether the full scripts go as Redis Functions (FCALL); false once the server showed
+    /// it has none (before Redis 7) or may not load them, and they go by EVALSHA.
+    functions: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -147,14 +168,17 @@ impl RedisStoreBuilder {
                 Connection::Sentinel(Arc::new(master))
             }
         };
+        let cluster = matches!(connection, Connection::Cluster(_));
         Ok(RedisStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|store| Inner {
                 connection,
+                batcher: Batcher::start(store.clone(), cluster),
                 timeout: self.timeout,
                 wait_replicas: self.wait_replicas,
                 token_seed: token_seed(),
                 tokens: AtomicU64::new(0),
                 reachable: AtomicBool::new(true),
+                functions: AtomicBool::new(true),
             }),
         })
     }
@@ -186,6 +210,10 @@ impl RedisStore {
             connect_timeout: Duration::from_secs(2),
             wait_replicas: 0,
         }
+    }
+
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> RedisStore {
+        RedisStore { inner }
     }
 
     pub fn is_cluster(&self) -> bool {
@@ -242,29 +270,53 @@ impl RedisStore {
         }
     }
 
-    /// Runs `lua` by its SHA1, sending the whole script when the server has lost it (after
-    /// a restart, a failover or SCRIPT FLUSH), and retrying redirections that outlast the
-    /// client's own retries (a slot mid-migration, a cluster settling on a new owner).
-    /// Only replies that prove the script did not run are retried, so nothing counts twice.
-    /// Everything happens within the store's timeout.
-    pub(crate) async fn eval<T: redis::FromRedisValue>(
+    /// Runs `lua`: by its function name when it is in the Functions library and the server
+    /// has Functions (loading the library when the server lacks it: first call, restart,
+    /// failover, FUNCTION FLUSH), otherwise by its SHA1, sending the whole script when the
+    /// server has lost it (after a restart, a failover or SCRIPT FLUSH); and retrying
+    /// redirections that outlast the client's own retries (a slot mid-migration, a cluster
+    /// settling on a new owner). Only replies that prove the script did not run are retried,
+    /// so nothing counts twice. Everything happens within the store's timeout.
+    pub(crate) async fn eval<T, K, A>(
         &self,
         lua: &Lua,
-        keys: &[String],
-        args: &[String],
-    ) -> Result<T, RedisError> {
+        keys: &[K],
+        args: &[A],
+    ) -> Result<T, RedisError>
+    where
+        T: redis::FromRedisValue,
+        K: redis::ToRedisArgs + Sync,
+        A: redis::ToRedisArgs + Sync,
+    {
         let call = async {
             let mut whole = false;
+            let mut loaded = false;
+            // This call's function went missing again after a load (the library flushed
+            // meanwhile): the whole script, which cannot be missing, runs instead.
+            let mut by_script = false;
             let mut attempt = 0u32;
             loop {
-                let mut cmd = if whole {
-                    let mut c = redis::cmd("EVAL");
-                    c.arg(lua.source);
-                    c
-                } else {
-                    let mut c = redis::cmd("EVALSHA");
-                    c.arg(&lua.sha);
-                    c
+                let functions = &self.inner.functions;
+                let function = lua
+                    .function
+                    .as_deref()
+                    .filter(|_| !by_script && functions.load(Ordering::Relaxed));
+                let mut cmd = match function {
+                    Some(name) => {
+                        let mut c = redis::cmd("FCALL");
+                        c.arg(name);
+                        c
+                    }
+                    None if whole => {
+                        let mut c = redis::cmd("EVAL");
+                        c.arg(lua.source);
+                        c
+                    }
+                    None => {
+                        let mut c = redis::cmd("EVALSHA");
+                        c.arg(&lua.sha);
+                        c
+                    }
                 };
                 cmd.arg(keys.len()).arg(keys).arg(args);
                 match self.decide_call(&cmd).await {
@@ -275,6 +327,21 @@ impl RedisStore {
                         });
                     }
                     Ok((value, _)) => return Ok(value),
+                    Err(e) if function.is_some() && function_missing(&e) => {
+                        // As NOSCRIPT: expected on each server's first call and after a
+                        // restart, failover or FUNCTION FLUSH.
+                        if loaded {
+                            by_script = true;
+                            whole = true;
+                        } else {
+                            tracing::debug!(library = %LIBRARY.tag, "loading the functions library");
+                            loaded = true;
+                            self.load_library().await?;
+                        }
+                    }
+                    Err(e) if function.is_some() && functions_refused(&e) => {
+                        self.no_functions(&e);
+                    }
                     Err(e)
                         if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !whole =>
                     {
@@ -307,6 +374,32 @@ impl RedisStore {
         result
     }
 
+    /// Loads the Functions library (on every master of a cluster). A server that refuses it
+    /// (no FUNCTION command, or not allowed to this user) is sent scripts by EVALSHA from
+    /// then on; only an error a retry may cure fails the call.
+    async fn load_library(&self) -> Result<(), RedisError> {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.source);
+        match self.send::<redis::Value>(&load).await {
+            Ok(_) => Ok(()),
+            Err(e) if RedisError::from(e.clone()).is_transient() => Err(RedisError::from(e)),
+            Err(e) => {
+                self.no_functions(&e);
+                Ok(())
+            }
+        }
+    }
+
+    /// Goes back to EVALSHA for good, saying why once.
+    fn no_functions(&self, why: &redis::RedisError) {
+        if self.inner.functions.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                reason = %why,
+                "redis functions unavailable (Redis before 7, or not allowed); using EVALSHA"
+            );
+        }
+    }
+
     /// Logs when Redis stops answering (down, failing over, unreachable) and when it answers
     /// again: one line per change, not one per call.
     fn note_reachable<T>(&self, result: &Result<T, RedisError>) {
@@ -330,22 +423,49 @@ impl RedisStore {
     }
 
     /// Decides `hit` in one script call: the lean script for one GCRA leaf without a
-    /// penalty, the whole one otherwise. Every key must be in one slot on a cluster.
+    /// penalty (batched with the other lean hits waiting), the whole one otherwise. Every
+    /// key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
+        if let Some(lean) = LeanGcra::of(hit)? {
+            return self.decide_lean(hit, lean).await;
+        }
         let keys: Vec<String> = hit
             .identifiers
             .iter()
             .chain(hit.penalty_identifier)
             .map(key)
             .collect();
-        let reply: Vec<i64> = match gcra_one_arguments(hit)? {
-            Some(args) => self.eval(&GCRA_ONE, &keys, &args).await?,
-            None => {
-                let args = arguments(hit, self.next_token())?;
-                self.eval(&DECIDE, &keys, &args).await?
+        let args = arguments(hit, self.next_token())?;
+        let reply: Vec<i64> = self.eval(&DECIDE, &keys, &args).await?;
+        decision(&reply)
+    }
+
+    /// Queues a lean hit for the next batch and waits, within the store's timeout, for its
+    /// debt, which the core's GCRA turns into the decision.
+    async fn decide_lean(&self, hit: &Hit<'_>, lean: LeanGcra) -> Result<Decision, RedisError> {
+        let identifier = &hit.identifiers[0];
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.inner.batcher.submit(Pending {
+            key: key(identifier),
+            arguments: lean.arguments(),
+            slot: if self.is_cluster() {
+                slot_of(identifier)
+            } else {
+                0
+            },
+            reply,
+        })?;
+        let debt = match tokio::time::timeout(self.inner.timeout, answer).await {
+            Ok(Ok(debt)) => debt?,
+            Ok(Err(_)) => return Err(gone()),
+            Err(_) => {
+                self.timed_out();
+                let timeout = Err(RedisError::Timeout(self.inner.timeout));
+                self.note_reachable(&timeout);
+                return timeout;
             }
         };
-        decision(&reply)
+        lean.decision(debt)
     }
 
     /// Clears keys one by one (a cluster may hold them in different slots).

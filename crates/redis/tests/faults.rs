@@ -328,3 +328,90 @@ async fn a_thousand_resets_leak_no_connection() {
         proxy.connections()
     );
 }
+
+/// Batched decisions whose connection fails: every decision of a batch that got no reply
+/// fails with `Unavailable` or `Timeout`, never a decision; and no hit is reported admitted
+/// that Redis did not record (a failed batch may have counted, never the other way round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_connection_fails_decides_nothing() {
+    use sluice_core::{Leaf, Quota, Rate, Span, Unit};
+    use sluice_limiter::{Identifier, Store, StoreError};
+    use sluice_testkit::bench::OneLeaf;
+
+    let redis = RedisServer::start().expect("redis-server");
+    let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let store = RedisStore::builder(&format!("redis://{}", proxy.address()))
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .expect("connect");
+    // 1000 a day: nothing refills within the test.
+    let rate = Rate::new(1_000, Span::new(1, Unit::Day).unwrap()).unwrap();
+    let quota = Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::Gcra).unwrap();
+    let key = [Identifier::new("faults:batch:1000/d")];
+    let at_once = |n: usize| {
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let (store, key) = (store.clone(), key.clone());
+                tokio::spawn(async move { store.decide(&OneLeaf::new(quota).hit(&key)).await })
+            })
+            .collect();
+        async move {
+            let mut results = Vec::new();
+            for task in tasks {
+                results.push(task.await.unwrap());
+            }
+            results
+        }
+    };
+    let failed = |result: &Result<sluice_core::Decision, StoreError>| match result {
+        Ok(_) => false,
+        Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) => true,
+        Err(other) => panic!("a batch that lost its connection failed with {other:?}"),
+    };
+
+    // What Redis recorded, read by a peek (cost 0) once the connection is back (waiting on
+    // the client's real reconnection, within 5 s).
+    let rule = OneLeaf::new(quota);
+    let mut peek = rule.hit(&key);
+    peek.evaluation.cost = 0;
+    let recorded = || async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(decision) = store.decide(&peek).await {
+                return 1_000 - decision.remaining;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis did not answer again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    for fault in [Fault::BlackHole, Fault::Reset] {
+        proxy.set(fault);
+        let results = at_once(50).await;
+        assert!(results.iter().all(failed), "{fault:?}: {results:?}");
+        proxy.set(Fault::None);
+        recorded().await;
+    }
+    // A reply cut mid-way: the batches it held fail; others may be answered, truly.
+    proxy.set(Fault::HalfClose);
+    let results = at_once(50).await;
+    proxy.set(Fault::None);
+    assert!(results.iter().any(failed), "the half-close failed no call");
+    let mut admitted = 0;
+    for result in &results {
+        if !failed(result) {
+            admitted += 1;
+            assert!(result.as_ref().unwrap().allowed());
+        }
+    }
+    let recorded = recorded().await;
+    assert!(
+        admitted <= recorded,
+        "{admitted} hits reported admitted, {recorded} recorded by Redis"
+    );
+}

@@ -13,8 +13,11 @@ use redis::Value;
 use serde_json::Value as Json;
 use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
+use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{ALGORITHMS_LUA, GCRA_ONE_LUA, TICK_NS, arguments, gcra_one_arguments};
+use sluice_redis::script::{
+    ALGORITHMS_LUA, GCRA_BATCH_LUA, LeanGcra, TICK_NS, arguments, batch_arguments,
+};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
     self, LeafSpec, case_from, penalty_record_from, state_from, state_json, without_expected,
@@ -33,7 +36,9 @@ const LEAN_TEST_ENTRY: &str = "local now = tonumber(ARGV[#ARGV])\n";
 enum Script {
     /// The library and `run`: every vector.
     Full,
-    /// gcra_one.lua: the vectors of one GCRA leaf without a penalty.
+    /// gcra_batch.lua: the vectors of one GCRA leaf without a penalty, each in the middle
+    /// of a batch of three (a fresh key before and after it), its decision made in Rust from
+    /// the script's one-integer reply.
     Lean,
 }
 
@@ -79,7 +84,7 @@ fn lean_script_reproduces_every_single_leaf_gcra_vector() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = format!("{LEAN_TEST_ENTRY}{GCRA_ONE_LUA}");
+    let script = format!("{LEAN_TEST_ENTRY}{GCRA_BATCH_LUA}");
 
     let (mut ran, mut failures) = (0, Vec::new());
     for (index, vector) in vectors.iter().enumerate() {
@@ -164,9 +169,33 @@ fn check(
         },
         penalty_identifier: penalty.is_some().then_some(&penalty_id),
     };
-    let mut args = match kind {
-        Script::Full => arguments(&hit, index as u64).expect("arguments"),
-        Script::Lean => gcra_one_arguments(&hit).expect("arguments")?,
+    let lean = match kind {
+        Script::Full => None,
+        Script::Lean => Some(LeanGcra::of(&hit).expect("arguments")?),
+    };
+    // The batch's neighbours: fresh keys, admitted (debt 0) by a quota of their own.
+    let five_a_minute = Rate::new(5, Span::new(60, Unit::Second).unwrap()).unwrap();
+    let neighbour_quota = [Quota::gcra(five_a_minute, None).unwrap()];
+    let neighbour = LeanGcra::of(&Hit {
+        identifiers: &ids[..1],
+        evaluation: Evaluation {
+            shape: &sluice_core::Shape::Leaf(0),
+            quotas: &neighbour_quota,
+            cost: 1,
+            recording: sluice_core::Recording::Admitted,
+            penalty: None,
+        },
+        penalty_identifier: None,
+    })
+    .unwrap()
+    .expect("a lean hit");
+    let (before_key, after_key) = (format!("v{index}:before"), format!("v{index}:after"));
+    let mut args: Vec<String> = match lean {
+        None => arguments(&hit, index as u64).expect("arguments"),
+        Some(lean) => batch_arguments([neighbour, lean, neighbour].map(|hit| hit.arguments()))
+            .iter()
+            .map(u64::to_string)
+            .collect(),
     };
     args.push(case.now.to_string());
 
@@ -175,11 +204,14 @@ fn check(
     let before_ms = server_ms(con);
     let mut run = redis::pipe();
     run.atomic().cmd("EVAL").arg(script);
-    let all_keys: Vec<&str> = keys
+    let mut all_keys: Vec<&str> = keys
         .iter()
         .map(String::as_str)
         .chain(penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
+    if lean.is_some() {
+        all_keys = vec![&before_key, all_keys[0], &after_key];
+    }
     run.arg(all_keys.len()).arg(&all_keys).arg(&args);
     for (key, quota) in keys.iter().zip(&quotas) {
         if quota.algorithm() == Algorithm::SlidingLog {
@@ -201,7 +233,19 @@ fn check(
 
     let mut problems = Vec::new();
     let mut replies = replies.into_iter();
-    let reply = ints(&replies.next().unwrap());
+    let mut reply = ints(&replies.next().unwrap());
+    if let Some(lean) = lean {
+        // One debt per hit of the batch; the neighbours' keys were fresh.
+        if reply.len() != 3 || reply[0] != 0 || reply[2] != 0 {
+            return Some(vec![format!(
+                "batch reply {reply:?}: expected 3 debts, 0 around"
+            )]);
+        }
+        reply = match lean.decision(reply[1]) {
+            Ok(decision) => decision_reply(&decision),
+            Err(e) => return Some(vec![format!("decision from the debt: {e}")]),
+        };
+    }
     let expected = expected_reply(&vector["expected"]["decision"]);
     if reply != expected {
         problems.push(format!(
@@ -310,6 +354,28 @@ fn check_expiry(
         ));
     }
     None
+}
+
+/// A decision as the full script's reply: `[allowed, limit, remaining, reset_after,
+/// retry_after (-1 none), denial, leaf]`, times in microseconds.
+fn decision_reply(d: &Decision) -> Vec<i64> {
+    let micros = |t: std::time::Duration| t.as_micros() as i64;
+    let (retry, denial) = match d.denial {
+        None => (-1, 0),
+        Some(Denial::Limited { retry_after }) => (micros(retry_after), 1),
+        Some(Denial::CostExceedsCapacity) => (-1, 2),
+        Some(Denial::Penalized { retry_after }) => (micros(retry_after), 3),
+        Some(other) => panic!("no reply code for {other:?}"),
+    };
+    vec![
+        i64::from(d.allowed()),
+        d.limit as i64,
+        d.remaining as i64,
+        micros(d.reset_after),
+        retry,
+        denial,
+        d.leaf as i64,
+    ]
 }
 
 /// Redis's clock in milliseconds.

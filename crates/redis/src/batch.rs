@@ -1,0 +1,161 @@
+//! Batching: lean GCRA decisions waiting for the same connection go to Redis as one call of
+//! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer).
+//!
+//! Callers queue their hit; one writer task per store takes what is queued, at most
+//! [`MAX_BATCH`] hits, and sends it. There is no timer: a hit that finds the queue empty and
+//! a call slot free goes at once, alone; hits that arrive while [`IN_FLIGHT`] calls are
+//! already out wait for the next one and go together. So batching adds no latency at low
+//! load, and at high load one script call, one reply and one round of syscalls serve many
+//! decisions.
+//!
+//! On a Cluster a script call's keys must share a slot: a batch is split by slot, and its
+//! per-slot calls go out together (the cluster connection pipelines those bound for one
+//! node). With keys spread over many slots most such calls hold one hit, so a Cluster gains
+//! less than one server does; [`IN_FLIGHT_CLUSTER`] lets more batches out at once so it
+//! never waits behind its own queue.
+
+use std::sync::{Arc, Weak};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::RedisError;
+use crate::script::{GCRA_BATCH, batch_arguments};
+use crate::store::{Inner, RedisStore};
+
+/// Most hits in one call: 64 keys and about as many small numbers, a few kilobytes, and a
+/// script run of a few hundred microseconds at most, so no call holds Redis up for long.
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Calls out at once on one server: a second lets Redis work while the client reads the
+/// first's reply and queues the next. Measured with 50 callers on one key: 12.8 hits per
+/// call and 4.1–4.7 µs of Redis CPU per decision; one call out made 25 per call and 3.85 µs
+/// in one run, but the machine was too loaded to finish its comparison, so two it stays.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// Calls out at once on a Cluster, where most per-slot calls hold one hit.
+pub(crate) const IN_FLIGHT_CLUSTER: usize = 16;
+
+/// One queued hit: its key, its five arguments, its slot (Cluster) and where its reply goes.
+pub(crate) struct Pending {
+    pub key: String,
+    pub arguments: [u64; 5],
+    pub slot: u16,
+    pub reply: oneshot::Sender<Result<i64, RedisError>>,
+}
+
+/// The queue of a store's lean hits; its writer task ends when the store is dropped.
+pub(crate) struct Batcher {
+    queue: mpsc::UnboundedSender<Pending>,
+}
+
+impl Batcher {
+    /// Starts the writer task on the current runtime (the one the connection's own tasks
+    /// run on). `store` is weak so that the task does not keep the store alive.
+    pub(crate) fn start(store: Weak<Inner>, cluster: bool) -> Batcher {
+        let (queue, hits) = mpsc::unbounded_channel();
+        let slots = if cluster {
+            IN_FLIGHT_CLUSTER
+        } else {
+            IN_FLIGHT
+        };
+        tokio::spawn(write(store, hits, Arc::new(Semaphore::new(slots)), cluster));
+        Batcher { queue }
+    }
+
+    /// Queues `pending`; an error when the writer task is gone (its runtime shut down).
+    pub(crate) fn submit(&self, pending: Pending) -> Result<(), RedisError> {
+        self.queue.send(pending).map_err(|_| gone())
+    }
+}
+
+/// The error of a hit whose call cannot be made: transient, like a dropped connection.
+pub(crate) fn gone() -> RedisError {
+    RedisError::Redis(redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the Redis store's batching task has stopped",
+    )))
+}
+
+/// The writer: waits for a call slot, then for a hit, takes what else is queued (up to
+/// [`MAX_BATCH`]) and sends it in a task of its own, so the next batch can form meanwhile.
+async fn write(
+    store: Weak<Inner>,
+    mut hits: mpsc::UnboundedReceiver<Pending>,
+    slots: Arc<Semaphore>,
+    cluster: bool,
+) {
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = hits.recv().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match hits.try_recv() {
+                Ok(pending) => batch.push(pending),
+                Err(_) => break,
+            }
+        }
+        // A caller that stopped waiting (its timeout passed) gets no decision: not sending
+        // its hit keeps it from counting.
+        batch.retain(|pending| !pending.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        let store = RedisStore::from_inner(inner);
+        tokio::spawn(async move {
+            if cluster {
+                send_by_slot(&store, batch).await;
+            } else {
+                send(&store, batch).await;
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// Sends a Cluster batch as one call per slot, all at once.
+async fn send_by_slot(store: &RedisStore, mut batch: Vec<Pending>) {
+    batch.sort_by_key(|pending| pending.slot);
+    let mut calls = tokio::task::JoinSet::new();
+    while let Some(last) = batch.last() {
+        let slot = last.slot;
+        let at = batch.partition_point(|pending| pending.slot < slot);
+        let group = batch.split_off(at);
+        let store = store.clone();
+        calls.spawn(async move { send(&store, group).await });
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// Sends `batch` as one script call and answers each hit: its debt, or the call's error
+/// (a call that failed decided nothing that anyone is told was admitted).
+async fn send(store: &RedisStore, batch: Vec<Pending>) {
+    let keys: Vec<&str> = batch.iter().map(|pending| pending.key.as_str()).collect();
+    let arguments = batch_arguments(batch.iter().map(|pending| pending.arguments));
+    let result: Result<Vec<i64>, RedisError> = store.eval(&GCRA_BATCH, &keys, &arguments).await;
+    match result {
+        Ok(debts) if debts.len() == batch.len() => {
+            for (pending, debt) in batch.into_iter().zip(debts) {
+                let _ = pending.reply.send(Ok(debt));
+            }
+        }
+        Ok(debts) => {
+            let wrong = format!("{} replies to a batch of {}", debts.len(), batch.len());
+            for pending in batch {
+                let _ = pending.reply.send(Err(RedisError::Reply(wrong.clone())));
+            }
+        }
+        Err(e) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
