@@ -7,9 +7,13 @@
 //! alternate between the stores and the medians are reported, since the machine is shared.
 //! The quota admits 10^6 hits per second per key (3.6 * 10^9 per hour), so every hit takes
 //! the write path.
+//!
+//! Beside each rate: the CPU time (user + system, from `/proc/PID/stat`) per decision of
+//! memcached (`mc_cpu_us`) and of this process (`client_cpu_us`, the store's own code plus
+//! the callers), figures that the noise of a shared machine moves less than the rate.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::Identifier;
@@ -24,10 +28,61 @@ const ROUND: Duration = Duration::from_secs(2);
 const ROUNDS: usize = 3;
 const KEYS_MANY: usize = 1_000_000;
 
+/// A process's CPU time so far (user + system), in seconds; `None` is this process.
+fn cpu_seconds(pid: Option<u32>) -> f64 {
+    let path = pid.map_or("/proc/self/stat".to_owned(), |p| format!("/proc/{p}/stat"));
+    let stat = std::fs::read_to_string(path).expect("/proc/PID/stat");
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let ticks = |i: usize| fields[i].parse::<f64>().unwrap();
+    // utime and stime are fields 14 and 15 of stat(5); `fields` starts at field 3.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The medians of one store's rounds.
+#[derive(Default)]
+struct Rounds {
+    per_s: Vec<f64>,
+    server_cpu_us: Vec<f64>,
+    client_cpu_us: Vec<f64>,
+}
+
+impl Rounds {
+    /// Runs `round` (which answers decisions per second), noting the CPU of `server` and of
+    /// this process per decision.
+    fn run(&mut self, server: Option<u32>, round: impl FnOnce() -> f64) {
+        let (server_before, client_before) =
+            (server.map(|p| cpu_seconds(Some(p))), cpu_seconds(None));
+        let started = Instant::now();
+        let rate = round();
+        let decisions = rate * started.elapsed().as_secs_f64();
+        let client = cpu_seconds(None) - client_before;
+        self.per_s.push(rate);
+        self.client_cpu_us.push(client * 1e6 / decisions);
+        if let (Some(pid), Some(before)) = (server, server_before) {
+            self.server_cpu_us
+                .push((cpu_seconds(Some(pid)) - before) * 1e6 / decisions);
+        }
+    }
+
+    fn show(&self, name: &str, server: &str) -> String {
+        let mut line = format!("{name}_per_s={:.0}", median(self.per_s.clone()));
+        if !self.server_cpu_us.is_empty() {
+            let cpu = median(self.server_cpu_us.clone());
+            line += &format!(" {name}_{server}_cpu_us={cpu:.2}");
+        }
+        line + &format!(
+            " {name}_client_cpu_us={:.2}",
+            median(self.client_cpu_us.clone())
+        )
+    }
+}
+
 fn main() {
     // Room for a million identifiers (and their sub-window counters) without evictions.
     let memcached = MemcachedServer::start_with(&["-m", "2048", "-t", "4"]).expect("memcached");
     let redis = RedisServer::start().expect("redis-server");
+    let (mc_pid, redis_pid) = (memcached.pid(), redis.pid());
     // 10^6 per second, counted per hour: sub-windows of 6 minutes, so few hits fall within
     // the clock-skew margin of a boundary (where the window pays one more round trip).
     let rate = Rate::new(3_600_000_000, Span::new(1, Unit::Hour).unwrap()).unwrap();
@@ -65,36 +120,42 @@ fn main() {
             )
         };
         let (gcra_keys, window_keys) = (keys("gcra"), keys("window"));
-        let (mut mc_gcra, mut mc_window, mut rd_gcra) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut mc_gcra, mut mc_window, mut rd_gcra) =
+            (Rounds::default(), Rounds::default(), Rounds::default());
         for _ in 0..ROUNDS {
-            mc_gcra.push(runtime.block_on(decisions_per_second(
-                &on_memcached,
-                gcra,
-                gcra_keys.clone(),
-                CALLERS,
-                ROUND,
-            )));
-            mc_window.push(runtime.block_on(decisions_per_second(
-                &on_memcached,
-                window,
-                window_keys.clone(),
-                CALLERS,
-                ROUND,
-            )));
-            rd_gcra.push(runtime.block_on(decisions_per_second(
-                &on_redis,
-                gcra,
-                gcra_keys.clone(),
-                CALLERS,
-                ROUND,
-            )));
+            mc_gcra.run(mc_pid, || {
+                runtime.block_on(decisions_per_second(
+                    &on_memcached,
+                    gcra,
+                    gcra_keys.clone(),
+                    CALLERS,
+                    ROUND,
+                ))
+            });
+            mc_window.run(mc_pid, || {
+                runtime.block_on(decisions_per_second(
+                    &on_memcached,
+                    window,
+                    window_keys.clone(),
+                    CALLERS,
+                    ROUND,
+                ))
+            });
+            rd_gcra.run(redis_pid, || {
+                runtime.block_on(decisions_per_second(
+                    &on_redis,
+                    gcra,
+                    gcra_keys.clone(),
+                    CALLERS,
+                    ROUND,
+                ))
+            });
         }
         println!(
-            "scenario={name}_callers_{CALLERS} memcached_gcra_per_s={:.0} \
-             memcached_sliding_window_per_s={:.0} redis_gcra_per_s={:.0}",
-            median(mc_gcra),
-            median(mc_window),
-            median(rd_gcra)
+            "scenario={name}_callers_{CALLERS} {} {} {}",
+            mc_gcra.show("memcached_gcra", "mc"),
+            mc_window.show("memcached_sliding_window", "mc"),
+            rd_gcra.show("redis_gcra", "redis"),
         );
     }
     let stats = on_memcached.stats();

@@ -11,8 +11,8 @@
 //! try is lost its updates fail with [`Contention`](crate::MemcachedError::Contention), a
 //! transient error: the limiter's failure policy decides those hits.
 //!
-//! Batches run on a task of their own, so a caller that stops waiting (a timeout) strands
-//! no one queued behind it.
+//! A lone update runs in its caller's task; updates that queued behind it run on a task of
+//! their own, so a caller that stops waiting (a timeout) strands no one queued behind it.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -125,16 +125,22 @@ pub(crate) async fn update(
         match waiting.get_mut(&key) {
             Some(queue) => {
                 queue.push(update);
-                false
+                None
             }
             None => {
-                waiting.insert(key.clone(), vec![update]);
-                true
+                waiting.insert(key.clone(), Vec::new());
+                Some(update)
             }
         }
     };
-    if lead {
-        tokio::spawn(run_batches(Arc::clone(inner), keys.clone(), key));
+    if let Some(update) = lead {
+        // A lone update runs in its caller's task; what queued meanwhile is handed over.
+        let handover = Handover {
+            inner: Arc::clone(inner),
+            keys: keys.clone(),
+            key,
+        };
+        run_batch(inner, keys, &handover.key, vec![update]).await;
     }
     match tokio::time::timeout_at(deadline.at, answer).await {
         Ok(Ok(answer)) => answer,
@@ -143,6 +149,33 @@ pub(crate) async fn update(
             message: "the update was dropped".into(),
         }),
         Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
+    }
+}
+
+/// Hands the updates that queued behind a caller's own batch to a task of their own, or
+/// forgets the key when none did; also when that caller stops waiting mid-batch.
+struct Handover {
+    inner: Arc<Inner>,
+    keys: Keys,
+    key: String,
+}
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        let more = {
+            let mut waiting = self.inner.combiner.shard(&self.key).lock();
+            match waiting.get(&self.key) {
+                Some(queue) if !queue.is_empty() => true,
+                _ => {
+                    waiting.remove(&self.key);
+                    false
+                }
+            }
+        };
+        if more {
+            let (inner, keys) = (Arc::clone(&self.inner), self.keys.clone());
+            tokio::spawn(run_batches(inner, keys, self.key.clone()));
+        }
     }
 }
 

@@ -13,6 +13,8 @@
 //! whose clocks differ count into neighbouring sub-windows around each boundary; the read
 //! takes the next sub-window too, and a hit near a boundary reads its neighbours again
 //! after counting (see [`MemcachedStoreBuilder::skew`](crate::MemcachedStoreBuilder::skew)).
+//! Hits that take a counter away from a boundary are combined with the other hits on it in
+//! this process (see [`crate::combine`]): one read and one `incr` per batch.
 //!
 //! **GCRA, fixed window, sliding log**: the state under `<base>|s`, updated by
 //! compare-and-swap (see [`crate::cas`]). The core's functions judge and record, so the
@@ -95,7 +97,7 @@ pub fn supported(quota: &Quota) -> Result<(), MemcachedError> {
 }
 
 /// A counter's value: decimal, maybe space-padded at the end (memcached pads after `decr`).
-fn count(key: &str, value: &[u8]) -> Result<u64, MemcachedError> {
+pub(crate) fn count(key: &str, value: &[u8]) -> Result<u64, MemcachedError> {
     let end = value.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
     number(&value[..end]).ok_or_else(|| MemcachedError::Corrupt {
         key: key.to_owned(),
@@ -233,6 +235,10 @@ impl Inner {
         mode: Mode,
         deadline: Deadline,
     ) -> Result<Judged, MemcachedError> {
+        if mode == Mode::Take && cost > 0 && !self.near_boundary(quota, now) {
+            // Combined with the other hits on this counter (see `crate::combine`).
+            return self.take_combined(keys, quota, now, cost, deadline).await;
+        }
         let g = u64::from(quota.windows());
         let current = now / quota.sub_window_ticks();
         let oldest = (current + 1).saturating_sub(g);
@@ -374,7 +380,7 @@ impl Inner {
     /// identifier's `|m` record with it); returns the new total. `present`: the counter was
     /// there when the window was read, so finding it gone is an eviction.
     #[allow(clippy::too_many_arguments)] // each argument is one plain fact of the increment
-    async fn increment(
+    pub(crate) async fn increment(
         &self,
         keys: &Keys,
         number: u64,
@@ -426,7 +432,7 @@ impl Inner {
 
     /// Takes `by` back from a counter. A failure is counted, not returned: the decision is
     /// made, and the counter only holds one hit too many until it expires.
-    async fn decrement(&self, keys: &Keys, key: &str, by: u64, deadline: Deadline) {
+    pub(crate) async fn decrement(&self, keys: &Keys, key: &str, by: u64, deadline: Deadline) {
         match self.pool.incr(keys.route(), key, by, false, deadline).await {
             Ok(Some(_)) => {}
             Ok(None) => Stats::bump(&self.pool.counters.evictions),

@@ -21,7 +21,9 @@
 //!   with `add` and counted with `incr`, both atomic on the server, summed with one multi-key
 //!   `get`, each expiring by itself one sub-window after the window slid past it. Exact: a
 //!   hit is admitted from the total `incr` returns, so no read-then-write race can admit more
-//!   than the limit (see `src/leaf.rs`).
+//!   than the limit (see `src/leaf.rs`). Hits on one counter within a process are combined:
+//!   one `get` of all the sub-windows, one `incr` and at most one `decr` per batch of hits,
+//!   with the decisions of the hits run one at a time (`src/combine.rs`).
 //! - **GCRA, fixed window, sliding log**: the state as short text under `<id>|s`, updated
 //!   with `gets` then `cas` (`add` when absent), tried again on a lost race up to 64 times
 //!   ([`MemcachedStoreBuilder::cas_tries`]), then an honest
@@ -41,7 +43,13 @@
 //! # A pool of servers
 //!
 //! `memcached://a:11211,b:11211,c:11211`: keys are spread by a ketama-style consistent-hash
-//! ring (`src/ring.rs`), all keys of one identifier on one server. A server that
+//! ring (`src/ring.rs`), all keys of one identifier on one server. Each server gets one
+//! pipelined connection by default (`connections=N` for more): the requests of concurrent
+//! decisions are written back to back, as many in one `write` as have gathered, and
+//! memcached answers them in order, so under load many decisions share each system call on
+//! both sides (`src/connection.rs`); at most 1,024 requests wait for replies per connection,
+//! and a connection that dies fails each of them at once (none is admitted unanswered). A
+//! server that
 //! refuses connections, drops them or keeps timing out is marked down for a while (2 s by
 //! default): its keys go to the next server on the ring and start afresh there (clients of
 //! those keys may get up to one more limit's worth), the other servers' keys do not move;
@@ -84,6 +92,7 @@
 #![forbid(unsafe_code)]
 
 mod cas;
+mod combine;
 mod commands;
 mod connection;
 mod decide;

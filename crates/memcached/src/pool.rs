@@ -1,5 +1,5 @@
-//! The servers of a pool: a few pipelined connections each, routing by the ring, servers
-//! marked down when they fail, and every call bounded by a deadline.
+//! The servers of a pool: pipelined connections (one each by default), routing by the ring,
+//! servers marked down when they fail, and every call bounded by a deadline.
 //!
 //! A server that refuses a connection, drops one, or times out three calls in a row is
 //! marked down for a while ([`PoolConfig::down_for`]): its keys go to the next live server

@@ -16,8 +16,12 @@ use crate::url::parse;
 
 /// Time allowed for one decision when neither the builder nor the URL sets one.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
-/// Connections per server by default; each carries many requests at once (pipelined).
-pub const DEFAULT_CONNECTIONS: usize = 4;
+/// Connections per server by default. One connection carries every concurrent request
+/// (pipelined), and the more share it, the fewer system calls each costs memcached and this
+/// process (measured in one run: 7.0 µs of memcached CPU per GCRA decision on a million
+/// keys, 9.1 with 4 connections); more connections spread one app server's load over more
+/// of memcached's threads.
+pub const DEFAULT_CONNECTIONS: usize = 1;
 /// The clock difference between app servers the sliding-window counter allows for.
 pub const DEFAULT_SKEW: Duration = Duration::from_millis(250);
 /// How long a failed server is skipped by default.
@@ -35,6 +39,7 @@ pub struct MemcachedStore {
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) combiner: Combiner,
+    pub(crate) windows: crate::combine::Combiner,
     pub(crate) leases: Leases,
     pub(crate) cas_tries: u32,
     pub(crate) clock: Arc<dyn Clock>,
@@ -138,6 +143,7 @@ impl MemcachedStoreBuilder {
             inner: Arc::new(Inner {
                 pool,
                 combiner: Combiner::new(64),
+                windows: crate::combine::Combiner::new(64),
                 leases: Leases::new(256),
                 cas_tries: self.cas_tries,
                 clock: self.clock,

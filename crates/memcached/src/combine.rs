@@ -1,0 +1,341 @@
+//! Sliding-window hits on one counter, combined within a process.
+//!
+//! Hits that take (record only if admitted) the same identifier's counter in the same
+//! sub-window at the same moment are combined: the first reads the window, hits on the same
+//! counter that come while that read is out join its batch, and the batch closes when the
+//! read is back (later hits start one of their own, so no hit waits for another batch's
+//! round trips; the read only screens out hits that cannot fit, the total `incr` returns
+//! decides). The batch reads the window once (one multi-key `get` of all its sub-windows), judges the
+//! hits one after the other against it (each counting those before it that fit), adds the
+//! cost of those that fit with one `incr`, and judges them again, in order, on the total
+//! `incr` returns: hits that no longer fit give their cost back with one `decr`. The outcome
+//! is that of the hits run one at a time (each later hit sees the earlier admitted ones; a
+//! hit denied at the second judgement is as if it gave its cost back before the next one
+//! counted), so combining changes no decision and keeps the limit exact across processes
+//! and concurrent batches; it saves round trips and system calls: a batch of hits on one
+//! counter costs two round trips, not two per hit.
+//!
+//! A lone hit runs in its caller's task; a batch of several runs on a task of its own, so
+//! a caller that stops waiting (a timeout) strands no one. Hits within the clock-skew
+//! margin of a sub-window boundary, peeks and forced records are not combined (see
+//! [`crate::leaf`]).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sluice_core::algorithm::sliding_window::Counters as Windows;
+use sluice_core::{Quota, State};
+use tokio::sync::oneshot;
+
+use crate::MemcachedError;
+use crate::key::Keys;
+use crate::leaf::{Judged, Recorded, count};
+use crate::pool::Deadline;
+use crate::stats::Counters;
+use crate::store::Inner;
+
+/// One hit waiting for its batch.
+struct Pending {
+    now: u64,
+    cost: u64,
+    deadline: Deadline,
+    reply: oneshot::Sender<Result<Judged, MemcachedError>>,
+}
+
+/// The identifier's keys, the quota and the sub-window a batch counts in.
+#[derive(Clone)]
+struct Counter {
+    keys: Keys,
+    quota: Quota,
+    current: u64,
+}
+
+/// Hits waiting, by counter key; a key is present while a batch of it gathers.
+type Waiting = HashMap<(String, Quota), Vec<Pending>>;
+
+pub(crate) struct Combiner {
+    shards: Box<[Mutex<Waiting>]>,
+    hasher: RandomState,
+}
+
+impl Combiner {
+    pub fn new(shards: usize) -> Combiner {
+        Combiner {
+            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &(String, Quota)) -> &Mutex<Waiting> {
+        &self.shards[self.hasher.hash_one(key) as usize % self.shards.len()]
+    }
+}
+
+/// Runs the hits that joined a leader whose caller stopped waiting before it took them.
+struct Collecting<'a> {
+    inner: &'a Arc<Inner>,
+    counter: &'a Counter,
+    key: Option<(String, Quota)>,
+}
+
+impl Collecting<'_> {
+    /// Takes the hits that joined, closing the batch: later hits start a batch of their own.
+    fn take(&mut self) -> Vec<Pending> {
+        let Some(key) = self.key.take() else {
+            return Vec::new();
+        };
+        self.inner
+            .windows
+            .shard(&key)
+            .lock()
+            .remove(&key)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Collecting<'_> {
+    fn drop(&mut self) {
+        let joined = self.take();
+        if !joined.is_empty() {
+            let (inner, counter) = (Arc::clone(self.inner), self.counter.clone());
+            tokio::spawn(async move { run_batch(&inner, &counter, joined).await });
+        }
+    }
+}
+
+impl Inner {
+    /// Takes a hit of `cost` at `now` on sliding-window leaf `keys` in sub-window `current`,
+    /// combined with the other hits on it (see the module documentation).
+    pub(crate) async fn take_combined(
+        self: &Arc<Self>,
+        keys: &Keys,
+        quota: &Quota,
+        now: u64,
+        cost: u64,
+        deadline: Deadline,
+    ) -> Result<Judged, MemcachedError> {
+        let current = now / quota.sub_window_ticks();
+        let key = (keys.window(current), *quota);
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            now,
+            cost,
+            deadline,
+            reply,
+        };
+        let lead = {
+            let mut waiting = self.windows.shard(&key).lock();
+            match waiting.get_mut(&key) {
+                Some(queue) => {
+                    queue.push(pending);
+                    None
+                }
+                None => {
+                    waiting.insert(key.clone(), Vec::new());
+                    Some(pending)
+                }
+            }
+        };
+        let counter = Counter {
+            keys: keys.clone(),
+            quota: *quota,
+            current,
+        };
+        if let Some(pending) = lead {
+            let mut collecting = Collecting {
+                inner: self,
+                counter: &counter,
+                key: Some(key),
+            };
+            // Hits on this counter that come while the window is read join the batch; it
+            // closes when the read is back.
+            let read = read_window(self, &counter, deadline).await;
+            let joined = collecting.take();
+            let mut batch = vec![pending];
+            batch.extend(joined);
+            match read {
+                Err(error) => fail(batch, &error),
+                Ok(read) if batch.len() == 1 => settle(self, &counter, read, batch).await,
+                Ok(read) => {
+                    // On a task of its own, so the hits that joined are answered even if
+                    // this caller stops waiting.
+                    let (inner, counter) = (Arc::clone(self), counter.clone());
+                    tokio::spawn(async move { settle(&inner, &counter, read, batch).await });
+                }
+            }
+        }
+        match tokio::time::timeout_at(deadline.at, answer).await {
+            Ok(Ok(judged)) => judged,
+            Ok(Err(_)) => Err(MemcachedError::Io {
+                server: keys.route().to_owned(),
+                message: "the hit was dropped".into(),
+            }),
+            Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
+        }
+    }
+}
+
+fn fail(hits: Vec<Pending>, error: &MemcachedError) {
+    for hit in hits {
+        let _ = hit.reply.send(Err(error.clone()));
+    }
+}
+
+/// Reads the window, then judges `hits` on it.
+async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
+    let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
+        return;
+    };
+    match read_window(inner, counter, deadline).await {
+        Ok(read) => settle(inner, counter, read, hits).await,
+        Err(error) => fail(hits, &error),
+    }
+}
+
+/// Judges `hits` on the window `read` and answers each.
+async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<Pending>) {
+    let now = tokio::time::Instant::now();
+    let (late, hits): (Vec<Pending>, Vec<Pending>) =
+        hits.into_iter().partition(|h| h.deadline.at <= now);
+    for hit in late {
+        let _ = hit
+            .reply
+            .send(Err(MemcachedError::Timeout(hit.deadline.budget)));
+    }
+    let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
+        return;
+    };
+    let costs: Vec<(u64, u64)> = hits.iter().map(|h| (h.now, h.cost)).collect();
+    match judge_batch(inner, counter, read, &costs, deadline).await {
+        Ok(judged) => {
+            for (hit, judged) in hits.into_iter().zip(judged) {
+                let _ = hit.reply.send(Ok(judged));
+            }
+        }
+        Err(error) => fail(hits, &error),
+    }
+}
+
+/// The window as read: the sub-windows' counts, oldest first (the current one last), the
+/// next sub-window's count, and whether the current counter exists.
+struct Window {
+    counts: Vec<u64>,
+    ahead: u64,
+    present: bool,
+}
+
+async fn read_window(
+    inner: &Arc<Inner>,
+    counter: &Counter,
+    deadline: Deadline,
+) -> Result<Window, MemcachedError> {
+    let Counter {
+        keys,
+        quota,
+        current,
+    } = counter;
+    let current = *current;
+    let g = u64::from(quota.windows());
+    let oldest = (current + 1).saturating_sub(g);
+    // The next sub-window too: app servers whose clocks run ahead count into it.
+    let names: Vec<String> = (oldest..=current + 1).map(|n| keys.window(n)).collect();
+    let read = inner.pool.get(keys.route(), &names, deadline).await?;
+    let ceiling = quota.limit().saturating_mul(2);
+    // Oldest first, g of them (sub-windows before number 0 count nothing).
+    let mut counts = vec![0; (g - (current + 1 - oldest)) as usize];
+    for name in &names {
+        counts.push(match read.get(name) {
+            Some(value) => count(name, value)?.min(ceiling),
+            None => 0,
+        });
+    }
+    let ahead = counts.pop().unwrap_or(0);
+    Ok(Window {
+        counts,
+        ahead,
+        present: read.contains_key(&names[names.len() - 2]),
+    })
+}
+
+/// Judges `hits` (`(now, cost)`, in order) on the counter: see the module documentation.
+async fn judge_batch(
+    inner: &Arc<Inner>,
+    counter: &Counter,
+    read: Window,
+    hits: &[(u64, u64)],
+    deadline: Deadline,
+) -> Result<Vec<Judged>, MemcachedError> {
+    let Counter {
+        keys,
+        quota,
+        current,
+    } = counter;
+    let (quota, current) = (*quota, *current);
+    let key = keys.window(current);
+    let ceiling = quota.limit().saturating_mul(2);
+    let Window {
+        mut counts,
+        ahead,
+        present,
+    } = read;
+    // The next sub-window's hits are taken as this one's: never too few.
+    let last = counts.len() - 1;
+    let base = counts[last].saturating_add(ahead);
+    let state = |counts: &[u64]| State::SlidingWindow(Windows::from_parts(current, counts));
+
+    // First judgement, on the window as read: which hits would fit, one after the other.
+    let mut judged = Vec::with_capacity(hits.len());
+    let mut planned = 0u64;
+    for &(now, cost) in hits {
+        counts[last] = base.saturating_add(planned);
+        let verdict = quota.verdict(&state(&counts), now, cost);
+        if verdict.allowed && cost > 0 {
+            planned += cost;
+        }
+        judged.push(Judged {
+            verdict,
+            recorded: None,
+            after: None,
+        });
+    }
+    if planned == 0 {
+        return Ok(judged);
+    }
+    let now = hits[0].0;
+    let total = inner
+        .increment(keys, current, &quota, now, planned, present, deadline)
+        .await?;
+    // What others had counted when ours arrived.
+    let others = if total < planned {
+        // Below what we just added: a wrapped or foreign value. Deny, and let it expire.
+        Counters::bump(&inner.pool.counters.wrapped);
+        ceiling
+    } else {
+        (total - planned).min(ceiling)
+    };
+
+    // Second judgement, on the total: the hits kept so far count for the later ones.
+    let mut kept = 0u64;
+    for (j, &(now, cost)) in judged.iter_mut().zip(hits) {
+        if !j.verdict.allowed || cost == 0 {
+            continue;
+        }
+        counts[last] = others.saturating_add(kept).saturating_add(ahead);
+        j.verdict = quota.verdict(&state(&counts), now, cost);
+        if j.verdict.allowed {
+            kept += cost;
+            counts[last] = others.saturating_add(kept).saturating_add(ahead);
+            j.recorded = Some(Recorded::Counter {
+                key: key.clone(),
+                cost,
+            });
+            j.after = Some(state(&counts));
+        }
+    }
+    if kept < planned {
+        inner.decrement(keys, &key, planned - kept, deadline).await;
+    }
+    Ok(judged)
+}
