@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, then the Python bindings' tests. Installs what the tests
 # need where it is missing (Debian packages: redis-server, redis-tools, memcached, curl,
-# faketime, openssl, and chromium for the live page's browser test; Python packages:
+# faketime, openssl, postgresql, and chromium for the live page's browser test; Python packages:
 # grpcio, xds-protos, redis; a virtual environment in target/python-venv with
 # bindings/python/requirements-test.txt and the sluice wheel built from this checkout);
 # tests start their own servers on free ports and stop them by PID.
@@ -17,6 +17,9 @@ command -v curl >/dev/null || missing+=(curl)
 command -v faketime >/dev/null || missing+=(faketime)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v chromium >/dev/null || missing+=(chromium)
+# PostgreSQL's programs are off PATH on Debian (/usr/lib/postgresql/N/bin).
+command -v pg_ctl >/dev/null || [[ -x $(ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | head -1) ]] ||
+    missing+=(postgresql)
 if ((${#missing[@]})); then
     scripts/apt-install.sh "${missing[@]}"
 fi

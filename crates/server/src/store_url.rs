@@ -9,6 +9,10 @@
 //!   a pool of memcached servers (consistent hashing; a failed server is skipped for
 //!   `down_ms`, default 2000). Decisions use this process's clock: keep servers on NTP
 //!   (`skew_ms`, default 250, is the clock difference the sliding window allows for).
+//! - `postgres://[user:pass@]host:port/db[?pool_size=N&timeout_ms=N&schema=NAME&unlogged=true&sslmode=...]`
+//!   (or `postgresql://`): PostgreSQL, one PL/pgSQL function per decision under row locks,
+//!   the database's clock; the schema is created or upgraded at start (options in full:
+//!   the `sluice-postgres` crate's documentation).
 
 use std::time::Duration;
 
@@ -35,6 +39,8 @@ fn positive(name: &str, value: &str) -> Result<u64, String> {
 ///   shared Redis. `?wait_replicas=N` waits after each decision until N replicas hold it
 ///   (standalone and Sentinel).
 /// - `memcached://host:port,host:port,...[?timeout_ms=N&...]`: a pool of memcached servers.
+/// - `postgres://[user:pass@]host:port/db[?pool_size=N&timeout_ms=N&...]` (or
+///   `postgresql://`): PostgreSQL.
 ///
 /// A URL that cannot be used is an error saying why, and opens nothing.
 pub async fn open(url: &str) -> Result<DynStore, String> {
@@ -88,8 +94,14 @@ pub async fn open(url: &str) -> Result<DynStore, String> {
                 .map_err(|e| e.to_string())?;
             Ok(DynStore::new(store))
         }
+        "postgres" | "postgresql" => {
+            let store = sluice_postgres::PostgresStore::connect(url)
+                .await
+                .map_err(|e| format!("{}: {e}", sluice_postgres::redact_url(url)))?;
+            Ok(DynStore::new(store))
+        }
         other => Err(format!(
-            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, memcached://)"
+            "unknown store scheme `{other}` (expected memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, memcached://, postgres://)"
         )),
     }
 }
@@ -116,6 +128,8 @@ mod tests {
             "redis+c:1?tls_ca=/:1x://u?x&d:hunter22@a:1,b:2",
             "rediss://user:hunter22@cache:6379?tls_ca=",
             "redis+cluster://user:hunter22@a",
+            "postgres://user:hunter22@db:5432/app?pool_size=0",
+            "postgresql://user:hunter22@127.0.0.1:1/app?connect_timeout_ms=200",
         ] {
             let message = refused(url);
             assert!(!message.contains("hunter22"), "{url}: {message}");

@@ -1,0 +1,142 @@
+//! Decisions per second through the PostgreSQL store, beside the floor of one `SELECT 1`
+//! round trip on the same pool and beside the Redis store, in one run: 50 concurrent
+//! callers, single-leaf GCRA (the lean function, batched) on 1 key and on 100,000 keys, and a
+//! sliding window (the full function) on 100,000 keys. Rounds alternate; medians of 3.
+//! Run: `cargo bench -p sluice-postgres --bench throughput`.
+//!
+//! The PostgreSQL server is the test kit's (`fsync=off`, as on a machine whose disk write
+//! cache absorbs commits; decisions still commit one transaction each), pool of 16
+//! connections unless `SLUICE_BENCH_POOL` says otherwise. The machine is shared with the
+//! server: read the ratios, not the absolutes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
+use sluice_limiter::Identifier;
+use sluice_postgres::PostgresStore;
+use sluice_redis::RedisStore;
+use sluice_testkit::bench::{decisions_per_second, median};
+use sluice_testkit::{PostgresServer, RedisServer};
+
+const CALLERS: usize = 50;
+const ROUND: Duration = Duration::from_secs(3);
+const ROUNDS: usize = 3;
+const KEYS_MANY: usize = 100_000;
+
+/// `SELECT 1` per second from `callers` tasks on the store's pool.
+async fn select_one_per_second(store: &PostgresStore, callers: usize, round: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let (store, stop, done) = (store.clone(), stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                store.round_trip().await.expect("SELECT 1");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(round).await;
+    stop.store(true, Ordering::Relaxed);
+    let total = done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    total as f64 / elapsed
+}
+
+fn keys(name: &str, count: usize, rate: &str) -> Arc<Vec<[Identifier; 1]>> {
+    Arc::new(
+        (0..count)
+            .map(|i| {
+                [Identifier::grouped(
+                    &format!("bench:{name}:"),
+                    &format!("user-{i}"),
+                    rate,
+                )]
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let pool: usize = std::env::var("SLUICE_BENCH_POOL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let postgres = PostgresServer::start().expect("postgres (apt-get install postgresql)");
+    let redis = RedisServer::start().expect("redis-server");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("{}?pool_size={pool}&timeout_ms=5000", postgres.url());
+    let store = runtime
+        .block_on(PostgresStore::connect(&url))
+        .expect("connect");
+    let redis_store = runtime
+        .block_on(RedisStore::connect(&redis.url()))
+        .expect("redis");
+    println!("postgres pool_size={pool} callers={CALLERS} round={ROUND:?} rounds={ROUNDS}");
+
+    // 10^6 per second per key: every hit is admitted, so every side takes the write path.
+    let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
+    let gcra = Quota::from_leaf(&Leaf::new(rate), Algorithm::Gcra).unwrap();
+    let sliding = Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap();
+    let scenarios = [
+        ("gcra_keys_1", gcra, keys("g1", 1, ":1000000/s")),
+        (
+            "gcra_keys_100000",
+            gcra,
+            keys("gm", KEYS_MANY, ":1000000/s"),
+        ),
+        (
+            "sliding_window_keys_100000",
+            sliding,
+            keys("sm", KEYS_MANY, ":1000000/s~sw"),
+        ),
+    ];
+    let mut floor = Vec::new();
+    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); scenarios.len()];
+    runtime.block_on(async {
+        // Warm up: every key's row exists, every connection is open and has its statements.
+        for (_, quota, keys) in &scenarios {
+            decisions_per_second(
+                &store,
+                *quota,
+                keys.clone(),
+                CALLERS,
+                Duration::from_secs(2),
+            )
+            .await;
+        }
+        select_one_per_second(&store, CALLERS, Duration::from_secs(1)).await;
+        for round in 0..ROUNDS {
+            floor.push(select_one_per_second(&store, CALLERS, ROUND).await);
+            for (i, (name, quota, keys)) in scenarios.iter().enumerate() {
+                let pg = decisions_per_second(&store, *quota, keys.clone(), CALLERS, ROUND).await;
+                let rd =
+                    decisions_per_second(&redis_store, *quota, keys.clone(), CALLERS, ROUND).await;
+                println!("round {round}: {name} postgres={pg:.0}/s redis={rd:.0}/s");
+                results[i].0.push(pg);
+                results[i].1.push(rd);
+            }
+        }
+    });
+    let floor = median(floor);
+    println!("scenario=select_1_floor per_s={floor:.0}");
+    for ((name, _, _), (pg, rd)) in scenarios.iter().zip(results) {
+        let pg = median(pg);
+        println!(
+            "scenario={name} postgres_per_s={pg:.0} of_floor={:.0}% redis_per_s={:.0}",
+            100.0 * pg / floor,
+            median(rd)
+        );
+    }
+}
