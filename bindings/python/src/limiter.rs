@@ -204,7 +204,8 @@ impl Limiter {
         &self.store
     }
 
-    /// Near-cache answers, store errors and decisions taken without the store, as a dict.
+    /// Near-cache answers, store errors, decisions taken without the store and prefetched
+    /// blocks, as a dict.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let mut all = vec![self.threads.stats()];
         if !Arc::ptr_eq(&self.threads, &self.awaitables) {
@@ -217,6 +218,8 @@ impl Limiter {
         out.set_item("failed_open", sum(|s| s.failed_open))?;
         out.set_item("failed_closed", sum(|s| s.failed_closed))?;
         out.set_item("failed_local", sum(|s| s.failed_local))?;
+        out.set_item("prefetch_blocks", sum(|s| s.prefetch_blocks))?;
+        out.set_item("prefetch_spent", sum(|s| s.prefetch_spent))?;
         Ok(out)
     }
 

@@ -32,6 +32,20 @@ fn check(server: &Server, policy: &str) -> u16 {
 }
 
 #[test]
+fn bad_thread_counts_are_refused() {
+    for threads in ["0", "-1", "many", "1025"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--threads", threads])
+            .env_remove("SLUICE_THREADS")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "--threads {threads}");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.contains("--threads"), "{stderr}");
+    }
+}
+
+#[test]
 fn bad_config_is_refused_with_its_place() {
     let dir = std::env::temp_dir().join(format!("sluice-validate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

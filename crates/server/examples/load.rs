@@ -10,7 +10,8 @@
 //!
 //! `check` hits a configured descriptor (`domain: bench`, key `user`) over 10,000 users;
 //! `trivial` asks about a domain with no config (the whole gRPC path, no decision);
-//! `throttle` sends `CL.THROTTLE` over 10,000 keys; `ping` sends `PING`.
+//! `throttle` sends `CL.THROTTLE` over 10,000 keys; `ping` sends `PING`. The line printed
+//! ends with the median and 99th percentile of the requests' latencies.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +41,7 @@ fn main() {
         .unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    runtime.block_on(async {
+    let mut latencies = runtime.block_on(async {
         let mut tasks = Vec::new();
         for c in 0..connections {
             let done = done.clone();
@@ -58,12 +59,16 @@ fn main() {
                         let seed = (c * STREAMS_PER_CONNECTION + s) as u64;
                         tasks.push(tokio::spawn(async move {
                             let mut i = seed;
+                            let mut latencies = Vec::new();
                             while started.elapsed() < duration {
                                 i = i.wrapping_mul(6364136223846793005).wrapping_add(1);
                                 let request = grpc_request(trivial, i % USERS);
+                                let sent = Instant::now();
                                 client.should_rate_limit(request).await.expect("answer");
+                                latencies.push(sent.elapsed().as_micros() as u32);
                                 done.fetch_add(1, Ordering::Relaxed);
                             }
+                            latencies
                         }));
                     }
                 }
@@ -72,7 +77,9 @@ fn main() {
                     stream.set_nodelay(true).unwrap();
                     let mut buf = vec![0u8; 4096];
                     let mut i = c as u64;
+                    let mut latencies = Vec::new();
                     while started.elapsed() < duration {
+                        let sent = Instant::now();
                         i = i.wrapping_mul(6364136223846793005).wrapping_add(1);
                         let command = if mode == "ping" {
                             "*1\r\n$4\r\nPING\r\n".to_owned()
@@ -92,21 +99,32 @@ fn main() {
                             assert!(n > 0, "server closed");
                             seen += buf[..n].iter().filter(|&&b| b == b'\n').count();
                         }
+                        latencies.push(sent.elapsed().as_micros() as u32);
                         done.fetch_add(1, Ordering::Relaxed);
                     }
+                    latencies
                 })),
                 other => panic!("unknown protocol {other}"),
             }
         }
+        let mut all = Vec::new();
         for t in tasks {
-            t.await.unwrap();
+            all.extend(t.await.unwrap());
         }
+        all
     });
     let elapsed = started.elapsed().as_secs_f64();
     let total = done.load(Ordering::Relaxed);
+    latencies.sort_unstable();
+    let percentile = |p: f64| {
+        let at = ((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1);
+        latencies.get(at).copied().unwrap_or(0)
+    };
     println!(
-        "{protocol} {mode}: {total} requests in {elapsed:.2}s = {:.0}/s ({connections} connections)",
-        total as f64 / elapsed
+        "{protocol} {mode}: {total} requests in {elapsed:.2}s = {:.0}/s ({connections} connections) p50={}us p99={}us",
+        total as f64 / elapsed,
+        percentile(0.50),
+        percentile(0.99),
     );
 }
 

@@ -8,6 +8,9 @@
 //! penalty = { base = "1s", factor = 2, max = "15m", forget_after = "1h" }
 //! failure = "local"   # when the store cannot answer: open, closed or local
 //! local_share = 0.5   # with local: the share of each limit this process may grant
+//!
+//! [audit]             # optional: where denials are written (see `config::audit`)
+//! file = "denials.jsonl"
 //! ```
 
 use std::collections::BTreeMap;
@@ -20,15 +23,18 @@ use sluice_limiter::policy::CompiledPolicy;
 use sluice_limiter::{FailureMode, Policy, PolicyError};
 use toml::Spanned;
 
+pub mod audit;
 mod duration;
 
-use duration::parse_duration;
+pub use audit::AuditConfig;
+pub use duration::parse_duration;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
     policies: BTreeMap<String, Spanned<RawPolicy>>,
+    audit: Option<Spanned<audit::RawAudit>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,6 +94,8 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug, Clone)]
 pub struct Config {
     pub policies: Vec<Policy>,
+    /// Where denials are written, if anywhere (`[audit]`).
+    pub audit: Option<AuditConfig>,
 }
 
 /// Reads and validates the config at `path`.
@@ -126,7 +134,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     })?;
 
     let mut policies = Vec::new();
-    for (name, raw) in raw.policies {
+    for (name, raw) in &raw.policies {
         let field = |f: &str| format!("policies.{name}.{f}");
         let raw_policy = raw.get_ref();
         let rule_text = raw_policy.rule.get_ref();
@@ -223,7 +231,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         })?;
         policies.push(policy);
     }
-    Ok(Config { policies })
+    let audit = match &raw.audit {
+        Some(table) => Some(audit::validate(
+            table.get_ref(),
+            table.span().start,
+            path,
+            at,
+        )?),
+        None => None,
+    };
+    Ok(Config { policies, audit })
 }
 
 /// Byte offset of 1-based character `column` in `text`.

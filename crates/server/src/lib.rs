@@ -1,7 +1,7 @@
 //! The sluice service, whole: the policy config, the store URL, the HTTP policy API, Envoy's
 //! rate limit service (gRPC and `POST /json`) over envoyproxy/ratelimit's YAML config, the
-//! Redis protocol (`CL.THROTTLE`), Prometheus metrics, heavy hitters ([`top`]), readiness
-//! and config reload, all sharing one [`Service`]. `sluice serve` is [`Server`]; a program
+//! Redis protocol (`CL.THROTTLE`), Prometheus metrics, heavy hitters ([`top`]), the audit
+//! trail of denials ([`audit`]), readiness and config reload, all sharing one [`Service`]. `sluice serve` is [`Server`]; a program
 //! can embed the same.
 //!
 //! ```no_run
@@ -49,6 +49,7 @@
 #[doc = include_str!("../../../README.md")]
 mod readme {}
 
+pub mod audit;
 pub mod config;
 pub mod envoy;
 mod grpc;

@@ -1,7 +1,7 @@
 //! Prometheus metrics, written by hand in the text format (a dozen fixed series need no
 //! registry crate): decisions by policy and result, shadow-mode would-be denials, decision
-//! latency, store errors, near-cache hits, reloads, connections, and what the memory store
-//! reports (identifiers held, evictions).
+//! latency, store errors, near-cache hits, reloads, connections, the audit trail's records
+//! written and dropped, and what the memory store reports (identifiers held, evictions).
 //!
 //! Label values are never chosen by clients: a `policy` label is a configured policy's name
 //! or the kind of a policy made on the fly (`cl.throttle`, `envoy.override`); checks of a
@@ -54,6 +54,8 @@ pub struct Metrics {
     pub(crate) http: std::sync::Arc<ConnectionCounts>,
     pub(crate) grpc: std::sync::Arc<ConnectionCounts>,
     pub(crate) resp: std::sync::Arc<ConnectionCounts>,
+    /// The audit sinks' counters, kept across reloads that replace the sinks.
+    pub(crate) audit: crate::audit::AuditCounters,
 }
 
 impl Metrics {
@@ -208,6 +210,16 @@ impl Metrics {
                 "Hits decided in process because the store failed.",
                 stats.failed_local,
             ),
+            (
+                "sluice_prefetch_blocks_total",
+                "Blocks of admissions taken from the store for prefetch=N leaves.",
+                stats.prefetch_blocks,
+            ),
+            (
+                "sluice_prefetch_spent_total",
+                "Decisions spent from a prefetched block, without the store.",
+                stats.prefetch_spent,
+            ),
         ] {
             let _ = writeln!(
                 out,
@@ -246,6 +258,7 @@ impl Metrics {
                 counts.refused.load(Ordering::Relaxed)
             );
         }
+        self.audit.render(&mut out);
         if let Some(memory) = memory {
             let _ = writeln!(
                 out,

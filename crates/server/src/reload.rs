@@ -1,6 +1,7 @@
 //! Config reload: on SIGHUP and when a watched file changes (polled once a second, so no
 //! platform watcher is needed). A bad new config is logged and rejected; the old one keeps
 //! serving. Counters are kept: policies whose leaves are unchanged count where they were.
+//! A changed `[audit]` table takes effect too: new sinks start, the old ones finish.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use sluice_limiter::Policy;
 
+use crate::audit::AuditConfig;
 use crate::config::{self, ConfigError};
 use crate::envoy::config::{self as envoy_config, EnvoyConfig, EnvoyConfigError};
 use crate::service::Service;
@@ -18,6 +20,15 @@ use crate::service::Service;
 pub struct Sources {
     pub policies: Option<PathBuf>,
     pub envoy: Option<PathBuf>,
+}
+
+/// Everything the sources say.
+#[derive(Debug)]
+pub struct Loaded {
+    pub policies: Vec<Policy>,
+    pub envoy: EnvoyConfig,
+    /// The policies file's `[audit]` table.
+    pub audit: Option<AuditConfig>,
 }
 
 /// A config that cannot be used: the message names the file, the line and the field.
@@ -32,16 +43,23 @@ pub enum LoadError {
 
 impl Sources {
     /// Reads and validates every source.
-    pub fn load(&self) -> Result<(Vec<Policy>, EnvoyConfig), LoadError> {
-        let policies = match &self.policies {
-            Some(path) => config::load(path)?.policies,
-            None => Vec::new(),
+    pub fn load(&self) -> Result<Loaded, LoadError> {
+        let (policies, audit) = match &self.policies {
+            Some(path) => {
+                let config = config::load(path)?;
+                (config.policies, config.audit)
+            }
+            None => (Vec::new(), None),
         };
         let envoy = match &self.envoy {
             Some(dir) => envoy_config::load_dir(dir)?,
             None => EnvoyConfig::default(),
         };
-        Ok((policies, envoy))
+        Ok(Loaded {
+            policies,
+            envoy,
+            audit,
+        })
     }
 
     fn watched(&self) -> Vec<PathBuf> {
@@ -53,13 +71,27 @@ impl Sources {
     }
 }
 
-/// Loads and installs the config; on error logs it and keeps the old one. Whether it was
-/// installed.
+/// Loads and installs the config (policies, Envoy trees, and `[audit]`: a changed table
+/// starts the new sinks before the policies change, so a sink that cannot start rejects
+/// the reload); on error logs it and keeps the old one. Whether it was installed.
 pub fn reload(service: &Service, sources: &Sources) -> bool {
     let outcome = sources
         .load()
         .map_err(|e| e.to_string())
-        .and_then(|(policies, envoy)| service.replace(policies, envoy).map_err(|e| e.to_string()));
+        .and_then(|loaded| {
+            let audit = service
+                .prepare_audit(loaded.audit.as_ref())
+                .map_err(|e| e.to_string())?;
+            let audit_changed = audit.is_some();
+            service
+                .replace(loaded.policies, loaded.envoy)
+                .map_err(|e| e.to_string())?;
+            service.install_audit(audit);
+            if audit_changed {
+                tracing::info!(audit = ?loaded.audit, "audit sinks replaced");
+            }
+            Ok(())
+        });
     service.metrics().reloaded(outcome.is_ok());
     match outcome {
         Ok(()) => {

@@ -15,6 +15,8 @@ use crate::listener::{Limits, Listener};
 use crate::reload::{self, LoadError, Sources};
 use crate::service::Service;
 
+/// How long a shutdown waits for the audit sinks to write what they hold.
+const AUDIT_DRAIN: Duration = Duration::from_secs(3);
 /// How often the memory store drops expired state, so idle identifiers free memory.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// The near cache of a store in another process: denials remembered, and how late a reset
@@ -42,6 +44,9 @@ pub enum ServeError {
     },
     #[error("gRPC listener failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// An audit sink could not start (its file cannot be opened, say).
+    #[error(transparent)]
+    Audit(crate::audit::AuditError),
     /// The live page would show client identifiers to anyone on a public address.
     #[error(
         "--ui on {0} would show client identifiers to anyone who reaches it: give --ui-token, or listen on loopback"
@@ -58,6 +63,7 @@ impl ServeError {
                 | ServeError::Store(_)
                 | ServeError::Policy(_)
                 | ServeError::PublicUi(_)
+                | ServeError::Audit(_)
         )
     }
 }
@@ -197,7 +203,8 @@ impl ServerBuilder {
         if self.ui == UiAccess::Open && !self.http.ip().is_loopback() {
             return Err(ServeError::PublicUi(self.http));
         }
-        let (policies, envoy) = self.sources.load()?;
+        let loaded = self.sources.load()?;
+        let (policies, envoy) = (loaded.policies, loaded.envoy);
         let store = match self.store {
             StoreChoice::Store(store) => store,
             StoreChoice::Url(url) => crate::store_url::open(&url)
@@ -220,6 +227,9 @@ impl ServerBuilder {
                 .ui(self.ui)
                 .build(),
         );
+        service
+            .set_audit(loaded.audit.as_ref())
+            .map_err(ServeError::Audit)?;
         let metrics = service.metrics();
         let http = Listener::new(
             bind(self.http).await?,
@@ -443,6 +453,8 @@ impl Server {
         for task in sweeper.into_iter().chain(history) {
             task.abort();
         }
+        // What the audit queues hold is written, unless a sink is stuck.
+        service.close_audit(AUDIT_DRAIN).await;
         tracing::info!("shut down cleanly");
         result
     }

@@ -11,6 +11,7 @@ use sluice_limiter::{
     Checked, Error, Limiter, LimiterStats, Policy, PolicyError, PolicyRef, Selectors,
 };
 
+use crate::audit::{AuditConfig, AuditError, AuditSink, DenialRecord};
 use crate::envoy::config::EnvoyConfig;
 use crate::http::{History, UiAccess};
 use crate::metrics::Metrics;
@@ -55,6 +56,8 @@ pub struct Service {
     envoy_modes: EnvoyModes,
     ui: UiAccess,
     history: History,
+    /// Where denials are written, if anywhere.
+    audit: RwLock<Option<AuditSink>>,
 }
 
 /// How Envoy requests are answered beyond their config, as envoyproxy/ratelimit's runtime
@@ -144,6 +147,7 @@ impl ServiceBuilder {
             envoy_modes: self.envoy_modes,
             ui: self.ui,
             history: History::default(),
+            audit: RwLock::new(None),
         }
     }
 }
@@ -247,6 +251,7 @@ impl Service {
         self.metrics
             .observe(policy.name(), &result, started.elapsed());
         self.observe_top(policy.name(), selectors, &result);
+        self.audit(policy.name(), selectors, &result);
         result
     }
 
@@ -281,7 +286,79 @@ impl Service {
         self.metrics
             .observe(kind.label(), &result, started.elapsed());
         self.observe_top(kind.label(), selectors, &result);
+        self.audit(kind.label(), selectors, &result);
         result
+    }
+
+    /// Offers a refusal (or a shadow policy's would-be refusal) to the audit sinks, if any;
+    /// never waits. When every queue is full the record is not even built.
+    fn audit(&self, name: &str, selectors: &Selectors<'_>, result: &Result<Checked, Error>) {
+        let Ok(checked) = result else { return };
+        if checked.decision.allowed() && !checked.shadow_denied {
+            return;
+        }
+        let audit = self.audit.read();
+        let Some(sink) = audit.as_ref() else { return };
+        if !sink.has_room() {
+            sink.count_full();
+            return;
+        }
+        let now = self.limiter.clock().now();
+        if let Some(record) = DenialRecord::from_checked(now, name, selectors, checked) {
+            sink.record_owned(record);
+        }
+    }
+
+    /// Writes denials where `config` says from now on (`None`: nowhere). An unchanged
+    /// config keeps the running sinks; a changed one starts new sinks, and the old ones
+    /// write what they hold, then finish. On error nothing changes. A config naming
+    /// PostgreSQL needs a Tokio runtime (see [`AuditSink::start`]). Whether it changed.
+    pub fn set_audit(&self, config: Option<&AuditConfig>) -> Result<bool, AuditError> {
+        let change = self.prepare_audit(config)?;
+        let changed = change.is_some();
+        self.install_audit(change);
+        Ok(changed)
+    }
+
+    /// The sinks `config` asks for, started, when they differ from those in use (`None`:
+    /// nothing to change).
+    pub(crate) fn prepare_audit(
+        &self,
+        config: Option<&AuditConfig>,
+    ) -> Result<Option<Option<AuditSink>>, AuditError> {
+        if self.audit.read().as_ref().map(AuditSink::config) == config {
+            return Ok(None);
+        }
+        match config {
+            Some(config) => Ok(Some(Some(AuditSink::start_counted(
+                config,
+                &self.metrics.audit,
+            )?))),
+            None => Ok(Some(None)),
+        }
+    }
+
+    /// Puts in use what [`Service::prepare_audit`] started.
+    pub(crate) fn install_audit(&self, change: Option<Option<AuditSink>>) {
+        if let Some(next) = change {
+            // The old sinks' writers finish once their queues are empty.
+            let old = std::mem::replace(&mut *self.audit.write(), next);
+            drop(old);
+        }
+    }
+
+    /// The audit sinks in use, if any.
+    pub fn audit_sink(&self) -> Option<AuditSink> {
+        self.audit.read().clone()
+    }
+
+    /// Takes the audit sinks out (denials are no longer written) and waits up to `within`
+    /// for them to write what they hold.
+    pub async fn close_audit(&self, within: std::time::Duration) {
+        let sink = self.audit.write().take();
+        if let Some(sink) = sink {
+            sink.close(within).await;
+        }
     }
 
     /// Counts a decision in the heavy hitters and, if refused, the recent refusals, at the
@@ -328,6 +405,8 @@ impl Service {
             failed_open: a.failed_open + b.failed_open,
             failed_closed: a.failed_closed + b.failed_closed,
             failed_local: a.failed_local + b.failed_local,
+            prefetch_blocks: a.prefetch_blocks + b.prefetch_blocks,
+            prefetch_spent: a.prefetch_spent + b.prefetch_spent,
         }
     }
 }

@@ -93,7 +93,7 @@ fn cell_policy(name: &str, burst: u64, rate: Rate) -> Policy {
         options: LeafOptions {
             algorithm: Some(Algorithm::Gcra),
             burst: Some(burst),
-            windows: None,
+            ..LeafOptions::default()
         },
     };
     Policy::from_rule(name, Rule::Leaf(leaf)).key("cell")

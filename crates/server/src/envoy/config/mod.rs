@@ -296,7 +296,7 @@ fn build_limit(
         options: LeafOptions {
             algorithm: None,
             burst: raw.burst,
-            windows: None,
+            ..LeafOptions::default()
         },
     };
     let policy = Policy::from_rule(policy, Rule::Leaf(leaf))
