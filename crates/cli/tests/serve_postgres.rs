@@ -5,7 +5,7 @@
 mod support;
 
 use sluice_testkit::PostgresServer;
-use support::{EACH_ALGORITHM, Server, assert_one_gcra_bucket, flood};
+use support::{EACH_ALGORITHM, Server, assert_one_gcra_bucket, faketime_library, flood};
 
 /// A compound rule beside [`EACH_ALGORITHM`].
 const COMPOUND: &str = r#"
@@ -14,50 +14,19 @@ rule = "or(user:100/m, 1000/h)"
 algorithm = "sliding-log"
 "#;
 
-/// libfaketime's multi-threaded library (Debian package `faketime`, installed by
-/// scripts/test.sh), checked to move `date` two hours ahead.
-fn faketime_library() -> String {
-    let library = std::fs::read_dir("/usr/lib")
-        .expect("/usr/lib")
-        .filter_map(|entry| {
-            let path = entry.ok()?.path().join("faketime/libfaketimeMT.so.1");
-            path.exists().then(|| path.to_string_lossy().into_owned())
-        })
-        .next()
-        .expect("libfaketime is needed: apt-get install faketime");
-    let hour = |env: &[(&str, &str)]| {
-        let out = std::process::Command::new("date")
-            .arg("+%s")
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .trim()
-            .parse::<i64>()
-            .unwrap()
-    };
-    let ahead = hour(&[("LD_PRELOAD", &library), ("FAKETIME", "+2h")]) - hour(&[]);
-    assert!(
-        (7_000..7_400).contains(&ahead),
-        "libfaketime moves the clock ({ahead} s)"
-    );
-    library
-}
-
 /// 64 clients over two servers, one with its clock 2 h ahead, on one identifier of `100/m`:
 /// exactly 100 admitted for every algorithm and a compound rule.
 #[test]
 fn two_servers_share_one_postgres() {
     let postgres = PostgresServer::start().expect("postgres");
-    let library = faketime_library();
+    let library = faketime_library(7_200);
     // A generous timeout: on a loaded machine a slow answer must not hand hits to the
     // failure mode, since the shared count is what is tested here.
     let store_url = format!("{}?timeout_ms=5000&pool_size=8", postgres.url());
     let store = ["--store", store_url.as_str()];
     let config = format!("{EACH_ALGORITHM}{COMPOUND}");
     let a = Server::start_with(&config, &store);
-    let ahead = [("LD_PRELOAD", library.as_str()), ("FAKETIME", "+2h")];
+    let ahead = [("LD_PRELOAD", library.as_str()), ("FAKETIME", "+7200")];
     let b = Server::start_with_env(&config, &ahead, &store);
     for policy in ["window", "log", "fixed", "compound"] {
         let (admitted, _) = flood(&[&a, &b], 64, policy, 4);

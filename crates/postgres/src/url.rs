@@ -179,25 +179,7 @@ pub fn redact(url: &str) -> String {
         Some((base, query)) => (base, Some(query)),
         None => (url, None),
     };
-    let base = match base.rfind('@') {
-        None => base.to_owned(),
-        Some(at) => {
-            let hosts = &base[at + 1..];
-            match base.split_once("://") {
-                Some((scheme, rest))
-                    if scheme.len() < at
-                        && !scheme.is_empty()
-                        && scheme
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
-                {
-                    let user = rest.split([':', '@']).next().unwrap_or("");
-                    format!("{scheme}://{user}:***@{hosts}")
-                }
-                _ => format!("***@{hosts}"),
-            }
-        }
-    };
+    let base = sluice_limiter::store::url::redact_user_info(base);
     match query {
         None => base,
         Some(query) => {

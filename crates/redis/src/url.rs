@@ -152,26 +152,7 @@ pub fn parse(url: &str) -> Result<Target, RedisError> {
 
 /// The URL with any password replaced, for messages and logs.
 pub fn redact(url: &str) -> String {
-    // Everything before the last `@` may hold a secret. Only a real scheme before the first
-    // `://` and the user name after it are shown; anything else (a mistyped URL, an `@`
-    // before the `://`) is hidden whole.
-    let Some(at) = url.rfind('@') else {
-        return url.to_owned();
-    };
-    let hosts = &url[at + 1..];
-    match url.split_once("://") {
-        Some((scheme, rest))
-            if scheme.len() < at
-                && !scheme.is_empty()
-                && scheme
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
-        {
-            let user = rest.split([':', '@']).next().unwrap_or("");
-            format!("{scheme}://{user}:***@{hosts}")
-        }
-        _ => format!("***@{hosts}"),
-    }
+    sluice_limiter::store::url::redact_user_info(url)
 }
 
 #[cfg(test)]

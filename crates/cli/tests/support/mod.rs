@@ -185,3 +185,35 @@ pub fn assert_one_gcra_bucket(servers: &[&Server]) {
         "gcra admitted {admitted} in {seconds:.2}s"
     );
 }
+
+/// libfaketime's multi-threaded library (Debian package `faketime`, installed by
+/// scripts/test.sh), checked to move `date` ahead by `seconds` (as `FAKETIME=+SECONDS`).
+pub fn faketime_library(seconds: i64) -> String {
+    let library = std::fs::read_dir("/usr/lib")
+        .expect("/usr/lib")
+        .filter_map(|entry| {
+            let path = entry.ok()?.path().join("faketime/libfaketimeMT.so.1");
+            path.exists().then(|| path.to_string_lossy().into_owned())
+        })
+        .next()
+        .expect("libfaketime is needed: apt-get install faketime");
+    let now = |env: &[(&str, &str)]| {
+        let out = Command::new("date")
+            .arg("+%s")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let offset = format!("+{seconds}");
+    let ahead = now(&[("LD_PRELOAD", &library), ("FAKETIME", &offset)]) - now(&[]);
+    assert!(
+        (seconds - 200..seconds + 200).contains(&ahead),
+        "libfaketime moves the clock by {ahead} s, not {seconds}"
+    );
+    library
+}

@@ -56,3 +56,27 @@ mod tests {
         assert_eq!(take_params("r://h?a=1", &["a"]).0, "r://h");
     }
 }
+
+/// `url` with the password of its user info hidden (`redis://u:***@host`), for messages
+/// and logs. Everything before the last `@` may hold a secret: only a real scheme before
+/// the first `://` and the user name after it are shown; anything else (a mistyped URL, an
+/// `@` before the `://`) is hidden whole. Query options are the caller's to redact.
+pub fn redact_user_info(url: &str) -> String {
+    let Some(at) = url.rfind('@') else {
+        return url.to_owned();
+    };
+    let hosts = &url[at + 1..];
+    match url.split_once("://") {
+        Some((scheme, rest))
+            if scheme.len() < at
+                && !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            let user = rest.split([':', '@']).next().unwrap_or("");
+            format!("{scheme}://{user}:***@{hosts}")
+        }
+        _ => format!("***@{hosts}"),
+    }
+}
