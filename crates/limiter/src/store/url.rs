@@ -36,27 +36,6 @@ pub fn take_params<'a>(url: &'a str, ours: &[&str]) -> (String, Vec<(&'a str, &'
     (format!("{base}?{}", kept.join("&")), taken)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_and_takes() {
-        assert_eq!(split_query("memory://"), ("memory://", vec![]));
-        assert_eq!(
-            split_query("m://h?a=1&&b&c=x=y"),
-            ("m://h", vec![("a", "1"), ("b", ""), ("c", "x=y")])
-        );
-        let (url, taken) = take_params(
-            "redis://h:1/2?timeout_ms=5&db=3&tls_ca=/p",
-            &["timeout_ms", "tls_ca"],
-        );
-        assert_eq!(url, "redis://h:1/2?db=3");
-        assert_eq!(taken, vec![("timeout_ms", "5"), ("tls_ca", "/p")]);
-        assert_eq!(take_params("r://h?a=1", &["a"]).0, "r://h");
-    }
-}
-
 /// `url` with the password of its user info hidden (`redis://u:***@host`), for messages
 /// and logs. Everything before the last `@` may hold a secret: only a real scheme before
 /// the first `://` and the user name after it are shown; anything else (a mistyped URL, an
@@ -78,5 +57,26 @@ pub fn redact_user_info(url: &str) -> String {
             format!("{scheme}://{user}:***@{hosts}")
         }
         _ => format!("***@{hosts}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_and_takes() {
+        assert_eq!(split_query("memory://"), ("memory://", vec![]));
+        assert_eq!(
+            split_query("m://h?a=1&&b&c=x=y"),
+            ("m://h", vec![("a", "1"), ("b", ""), ("c", "x=y")])
+        );
+        let (url, taken) = take_params(
+            "redis://h:1/2?timeout_ms=5&db=3&tls_ca=/p",
+            &["timeout_ms", "tls_ca"],
+        );
+        assert_eq!(url, "redis://h:1/2?db=3");
+        assert_eq!(taken, vec![("timeout_ms", "5"), ("tls_ca", "/p")]);
+        assert_eq!(take_params("r://h?a=1", &["a"]).0, "r://h");
     }
 }
