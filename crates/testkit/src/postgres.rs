@@ -364,26 +364,6 @@ fn binary(name: &str) -> io::Result<PathBuf> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn starts_survives_a_crash_and_keeps_its_data() {
-        let mut server = PostgresServer::start().unwrap();
-        server
-            .psql("CREATE TABLE t (n int); INSERT INTO t VALUES (7)")
-            .unwrap();
-        server.kill();
-        assert!(
-            server.psql("SELECT 1").is_err(),
-            "killed server still answers"
-        );
-        server.restart().unwrap();
-        assert_eq!(server.psql("SELECT n FROM t").unwrap().trim(), "7");
-    }
-}
-
 /// Every process below `pid`, read from `/proc` (children, their children, ...).
 fn descendants(pid: u32) -> Vec<u32> {
     let mut parents: Vec<(u32, u32)> = Vec::new();
@@ -432,5 +412,25 @@ fn is_running(pid: u32) -> bool {
             .and_then(|i| stat[i + 1..].split_whitespace().next())
             .is_some_and(|state| state != "Z"),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_survives_a_crash_and_keeps_its_data() {
+        let mut server = PostgresServer::start().unwrap();
+        server
+            .psql("CREATE TABLE t (n int); INSERT INTO t VALUES (7)")
+            .unwrap();
+        server.kill();
+        assert!(
+            server.psql("SELECT 1").is_err(),
+            "killed server still answers"
+        );
+        server.restart().unwrap();
+        assert_eq!(server.psql("SELECT n FROM t").unwrap().trim(), "7");
     }
 }
