@@ -35,7 +35,8 @@ fn check(server: &Server, policy: &str) -> u16 {
 fn bad_thread_counts_are_refused() {
     for threads in ["0", "-1", "many", "1025"] {
         let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--threads", threads])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .arg(format!("--threads={threads}"))
             .env_remove("SLUICE_THREADS")
             .output()
             .unwrap();
