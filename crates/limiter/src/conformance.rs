@@ -52,7 +52,9 @@
 //! answers known denials. Concurrency leases have cases of their own
 //! ([`concurrency_conformance_tests!`](crate::concurrency_conformance_tests)): never more
 //! than N held under 64 racing tasks on two limiters, release frees at once, renew keeps a
-//! lease, an abandoned lease expires after its lease time and not before.
+//! lease, an abandoned lease expires after its lease time and not before; and reservations
+//! (100 racing tasks reserving estimates and settling actual costs on two limiters) keep the
+//! books on every algorithm.
 
 use std::future::Future;
 use std::time::Duration;
@@ -65,6 +67,7 @@ mod exact;
 mod harness;
 mod leases;
 mod requests;
+mod reservations;
 mod servers;
 
 pub use answers::{near_cache_answers_denied, shadow_admits_and_counts};
@@ -80,6 +83,7 @@ pub use requests::{
     cost_above_capacity_is_never, peek_and_cost_zero_record_nothing, reset_pardons_one_key_only,
     special_selector_values,
 };
+pub use reservations::reservations_keep_the_books;
 pub use servers::two_servers_share_one_limit;
 
 /// Makes the stores a case runs on. Every store it returns must share one state (clients of
@@ -131,6 +135,7 @@ pub async fn run_all_concurrency<F: StoreFactory>(factory: &F) {
     release_frees_at_once(factory).await;
     renew_keeps_a_lease(factory).await;
     abandoned_leases_expire(factory).await;
+    reservations_keep_the_books(factory).await;
 }
 
 /// Runs `future` (one case, or [`run_all`]) on a new 4-worker tokio runtime, failing it
@@ -195,6 +200,7 @@ macro_rules! concurrency_conformance_tests {
             release_frees_at_once
             renew_keeps_a_lease
             abandoned_leases_expire
+            reservations_keep_the_books
         }
     };
 }
