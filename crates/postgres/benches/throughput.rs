@@ -7,7 +7,9 @@
 //! The PostgreSQL server is the test kit's (`fsync=off`, as on a machine whose disk write
 //! cache absorbs commits; decisions still commit one transaction each), pool of 16
 //! connections unless `SLUICE_BENCH_POOL` says otherwise. The machine is shared with the
-//! server: read the ratios, not the absolutes.
+//! server: read the ratios, not the absolutes. Beside each PostgreSQL rate: the server's CPU
+//! time (postmaster and backends, `/proc/PID/stat`) and this process's, per call, which the
+//! machine's noise moves far less than a rate.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +19,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::Identifier;
 use sluice_postgres::PostgresStore;
 use sluice_redis::RedisStore;
-use sluice_testkit::bench::{decisions_per_second, median};
+use sluice_testkit::bench::{cpu_seconds, decisions_per_second, median};
 use sluice_testkit::{PostgresServer, RedisServer};
 
 const CALLERS: usize = 50;
@@ -50,6 +52,41 @@ async fn select_one_per_second(store: &PostgresStore, callers: usize, round: Dur
     total as f64 / elapsed
 }
 
+/// One scenario's PostgreSQL rounds: calls per second, and server and client CPU per call
+/// (µs).
+#[derive(Default, Clone)]
+struct Rounds {
+    per_s: Vec<f64>,
+    server_us: Vec<f64>,
+    client_us: Vec<f64>,
+}
+
+impl Rounds {
+    /// Runs one round (answering calls per second), noting the CPU per call.
+    async fn run(&mut self, server: &PostgresServer, round: impl Future<Output = f64>) -> f64 {
+        let client = || cpu_seconds(None, false).expect("/proc/self/stat");
+        let (server_before, client_before) = (server.cpu_seconds(), client());
+        let started = Instant::now();
+        let rate = round.await;
+        let calls = rate * started.elapsed().as_secs_f64();
+        self.per_s.push(rate);
+        self.server_us
+            .push((server.cpu_seconds() - server_before) * 1e6 / calls);
+        self.client_us
+            .push((client() - client_before) * 1e6 / calls);
+        rate
+    }
+
+    /// `per_s=… server_us=… client_us=…`, medians.
+    fn medians(&self) -> (f64, f64, f64) {
+        (
+            median(self.per_s.clone()),
+            median(self.server_us.clone()),
+            median(self.client_us.clone()),
+        )
+    }
+}
+
 fn keys(name: &str, count: usize, rate: &str) -> Arc<Vec<[Identifier; 1]>> {
     Arc::new(
         (0..count)
@@ -80,9 +117,9 @@ fn main() {
     let store = runtime
         .block_on(PostgresStore::connect(&url))
         .expect("connect");
-    let redis_store = runtime
-        .block_on(RedisStore::connect(&redis.url()))
-        .expect("redis");
+    // A long timeout: on a loaded machine a decision may wait, and a bench must not fail.
+    let redis_store = RedisStore::builder(&redis.url()).timeout(Duration::from_secs(5));
+    let redis_store = runtime.block_on(redis_store.connect()).expect("redis");
     println!("postgres pool_size={pool} callers={CALLERS} round={ROUND:?} rounds={ROUNDS}");
 
     // 10^6 per second per key: every hit is admitted, so every side takes the write path.
@@ -102,8 +139,9 @@ fn main() {
             keys("sm", KEYS_MANY, ":1000000/s~sw"),
         ),
     ];
-    let mut floor = Vec::new();
-    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); scenarios.len()];
+    let mut floor = Rounds::default();
+    let mut results: Vec<(Rounds, Vec<f64>)> =
+        vec![(Rounds::default(), Vec::new()); scenarios.len()];
     runtime.block_on(async {
         // Warm up: every key's row exists, every connection is open and has its statements.
         for (_, quota, keys) in &scenarios {
@@ -118,23 +156,29 @@ fn main() {
         }
         select_one_per_second(&store, CALLERS, Duration::from_secs(1)).await;
         for round in 0..ROUNDS {
-            floor.push(select_one_per_second(&store, CALLERS, ROUND).await);
+            floor
+                .run(&postgres, select_one_per_second(&store, CALLERS, ROUND))
+                .await;
             for (i, (name, quota, keys)) in scenarios.iter().enumerate() {
-                let pg = decisions_per_second(&store, *quota, keys.clone(), CALLERS, ROUND).await;
+                let pg = decisions_per_second(&store, *quota, keys.clone(), CALLERS, ROUND);
+                let pg = results[i].0.run(&postgres, pg).await;
                 let rd =
                     decisions_per_second(&redis_store, *quota, keys.clone(), CALLERS, ROUND).await;
                 println!("round {round}: {name} postgres={pg:.0}/s redis={rd:.0}/s");
-                results[i].0.push(pg);
                 results[i].1.push(rd);
             }
         }
     });
-    let floor = median(floor);
-    println!("scenario=select_1_floor per_s={floor:.0}");
+    let (floor, floor_server, floor_client) = floor.medians();
+    println!(
+        "scenario=select_1_floor per_s={floor:.0} server_cpu_us={floor_server:.1} \
+         client_cpu_us={floor_client:.1}"
+    );
     for ((name, _, _), (pg, rd)) in scenarios.iter().zip(results) {
-        let pg = median(pg);
+        let (pg, server, client) = pg.medians();
         println!(
-            "scenario={name} postgres_per_s={pg:.0} of_floor={:.0}% redis_per_s={:.0}",
+            "scenario={name} postgres_per_s={pg:.0} of_floor={:.0}% server_cpu_us={server:.1} \
+             client_cpu_us={client:.1} redis_per_s={:.0}",
             100.0 * pg / floor,
             median(rd)
         );

@@ -22,6 +22,7 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `pool_size` | 16 | connections in the pool |
+//! | `batch_senders` | 4 | tasks sending batches of lean decisions, each on one connection (at most `pool_size`) |
 //! | `timeout_ms` | 250 | time allowed for one decision; past it the policy's failure mode decides |
 //! | `connect_timeout_ms` | 2000 | time allowed to open one connection |
 //! | `schema` | `sluice` | the schema holding the table and functions (lower-case identifier) |
@@ -46,11 +47,17 @@
 //! penalty, translated line by line from `sluice-core` (`src/sql/*.sql`, checked against the
 //! shared vectors). Times are microseconds. Row layouts are in `src/sql/algorithms.sql`.
 //!
-//! Lean hits are batched: they queue, and `pool_size` sender tasks each take a connection,
-//! then up to 64 queued hits, and send them in one call of `SCHEMA.gcra_many(...)` (one
-//! round trip, one transaction), which runs `gcra_one` for each, visiting rows in the order
-//! of their identifiers (the same order `decide` locks in; a repeated identifier's hits in
-//! arrival order), so every hit gets the answer it would get alone, one after the other. A
+//! Lean hits are batched: they queue, and `batch_senders` sender tasks each take a
+//! connection, then up to 64 queued hits, and send them in one call of
+//! `SCHEMA.gcra_many(...)` (one round trip, one transaction). It locks every row of the
+//! batch with one `INSERT` in the order of their identifiers (the same order `decide` locks
+//! in), reads them with one `SELECT`, decides each hit as `gcra_one` would (a repeated
+//! identifier's hits in arrival order, each seeing the state the previous one left) on one
+//! clock reading, and writes the final states back with one `UPDATE`: statements per batch,
+//! arithmetic per hit. So every hit gets the answer it would get alone, one after the
+//! other. Fewer senders make larger batches, and a large batch costs the database a fraction
+//! of a lone call per hit: the default of 4 senders on a pool of 16 leaves the other
+//! connections to full decisions, resets and peeks. A
 //! hit alone goes at once, through `gcra_one`, without a timer: batches form only from what
 //! queued while the connections were busy. A batch that fails (a lost connection, past
 //! `timeout_ms`) fails every hit in it with that error, for the failure mode to answer; a hit

@@ -58,8 +58,8 @@ impl PostgresStoreBuilder {
     }
 
     /// Opens the pool, creates or upgrades the schema, and starts the cleaner and the
-    /// senders of batched decisions (`pool_size` of them): tasks on the current Tokio
-    /// runtime, ending when the last clone of the store is dropped.
+    /// senders of batched decisions (`batch_senders` of them, at most `pool_size`): tasks
+    /// on the current Tokio runtime, ending when the last clone of the store is dropped.
     pub async fn connect(self) -> Result<PostgresStore, PostgresError> {
         let mut settings = Settings::parse(&self.url)?;
         if let Some(timeout) = self.timeout {
@@ -85,7 +85,8 @@ impl PostgresStoreBuilder {
             pages: settings.cleanup_pages,
         }
         .spawn();
-        let lean = Batcher::start(&pool, &schema, settings.timeout, settings.pool_size);
+        let senders = settings.batch_senders.min(settings.pool_size);
+        let lean = Batcher::start(&pool, &schema, settings.timeout, senders);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,

@@ -14,6 +14,26 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// A process's CPU time so far (user + system, from `/proc/PID/stat`), in seconds; `None` is
+/// this process. With `children`, the time of its exited and waited-for children is added
+/// (stat(5)'s cutime and cstime). `None` if the process is gone.
+pub fn cpu_seconds(pid: Option<u32>, children: bool) -> Option<f64> {
+    let path = pid.map_or("/proc/self/stat".to_owned(), |p| format!("/proc/{p}/stat"));
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    // utime, stime, cutime and cstime are fields 14 to 17 of stat(5); `fields` starts at 3.
+    let own = ticks(11)? + ticks(12)?;
+    let waited = if children {
+        ticks(13)? + ticks(14)?
+    } else {
+        0.0
+    };
+    // The kernel's clock ticks, 100 a second on Linux.
+    Some((own + waited) / 100.0)
+}
+
 /// A single-leaf rule of one quota, cost 1, recorded when admitted: what a store sees for
 /// the simplest policy.
 pub struct OneLeaf {

@@ -13,6 +13,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,10 +47,11 @@ impl PostgresServer {
 
     /// Starts a server with extra `-c name=value` settings (`"max_connections=300"`).
     pub fn start_with(settings: &[&str]) -> io::Result<PostgresServer> {
-        let n = INSTANCES.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("sluice-pg-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
+        PostgresServer::start_in(fresh_dir()?, settings)
+    }
+
+    /// Starts a server with its files in `dir` (removed when the server is dropped).
+    fn start_in(dir: PathBuf, settings: &[&str]) -> io::Result<PostgresServer> {
         let mut server = PostgresServer {
             child: None,
             port: 0,
@@ -65,6 +67,28 @@ impl PostgresServer {
             }
         }
         Err(last.expect("tried at least once"))
+    }
+
+    /// Starts a server that speaks TLS (`ssl = on`) with a certificate for 127.0.0.1 and
+    /// localhost signed by a private CA; answers the server and the CA's certificate file
+    /// (for `sslrootcert`). Clients may still connect without TLS.
+    pub fn start_tls() -> io::Result<(PostgresServer, PathBuf)> {
+        let dir = fresh_dir()?;
+        let tls = dir.join("tls");
+        std::fs::create_dir(&tls)?;
+        crate::tls::certificates(&tls)?;
+        // PostgreSQL refuses a key that others may read, or that another user owns.
+        let key = tls.join("server.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        if let Some(user) = server_user()? {
+            for file in [&tls, &key, &tls.join("server.crt")] {
+                chown(file, &user)?;
+            }
+        }
+        let cert = format!("ssl_cert_file = '{}'", tls.join("server.crt").display());
+        let key = format!("ssl_key_file = '{}'", key.display());
+        let server = PostgresServer::start_in(dir, &["ssl = on", &cert, &key])?;
+        Ok((server, tls.join("ca.crt")))
     }
 
     fn data(&self) -> PathBuf {
@@ -156,6 +180,23 @@ impl PostgresServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The CPU time (user + system) the server has spent so far, in seconds: the postmaster,
+    /// every live backend and helper process, and those that exited. For benchmarks, where
+    /// a rate is noise on a shared machine but CPU per decision is not.
+    pub fn cpu_seconds(&self) -> f64 {
+        let Some(postmaster) = self.pid() else {
+            return 0.0;
+        };
+        let waited = crate::bench::cpu_seconds(Some(postmaster), true).unwrap_or(0.0);
+        let live = descendants(postmaster)
+            .into_iter()
+            .filter(|p| *p != postmaster);
+        waited
+            + live
+                .filter_map(|p| crate::bench::cpu_seconds(Some(p), false))
+                .sum::<f64>()
+    }
+
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
@@ -226,6 +267,15 @@ impl PostgresServer {
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
+}
+
+/// A new, empty directory for one server's files.
+fn fresh_dir() -> io::Result<PathBuf> {
+    let n = INSTANCES.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("sluice-pg-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 impl Drop for PostgresServer {

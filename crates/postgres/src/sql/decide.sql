@@ -309,23 +309,104 @@ BEGIN
   RETURN ARRAY[0, burst, greatest(tau - debt, 0) / interval_, debt, tat + inc - tau - now, 1, 0];
 END $$;
 
--- Several lean decisions in one call and one transaction: what `gcra_one` decides for each
--- (it runs them), the i-th reply at elements 7(i-1)+1 .. 7i of the result, in input order.
--- The arrays are parallel, one element per decision. Rows are visited in the order of their
--- identifiers (the same order `decide` locks in), a repeated identifier's decisions in input
--- order; a row locked stays locked to the end of the transaction, so two batches, or a batch
--- and `decide`, each locking in that order, never deadlock.
+-- Several lean decisions in one call and one transaction: for each, what `gcra_one` would
+-- decide running them one after another in the order below; the i-th reply at elements
+-- 7(i-1)+1 .. 7i of the result, in input order. The arrays are parallel, one element per
+-- decision.
+--
+-- Set-based, so the work per decision is arithmetic, not statements: one INSERT locks every
+-- row (creating the missing ones) in the order of their identifiers, the same order `decide`
+-- locks in, so two batches, or a batch and `decide`, never deadlock; one SELECT reads them;
+-- the decisions then run in identifier order (a repeated identifier's in input order, each
+-- seeing the state the previous one left) on one clock reading; one UPDATE and at most one
+-- DELETE write the final states back. The steps of each decision are `gcra_one`'s, line for
+-- line, and the shared vectors check them through this function too.
 CREATE OR REPLACE FUNCTION __S__.gcra_many(ids text[], costs bigint[], recordings bigint[],
                                            intervals bigint[], bursts bigint[],
                                            windows bigint[], at bigint DEFAULT NULL)
 RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   replies bigint[] := array_fill(0::bigint, ARRAY[7 * cardinality(ids)]);
+  sorted int[];
+  -- The distinct rows, in identifier order: their tat, and what to write back
+  -- (0 nothing, 1 the tat, 2 delete the row).
+  rows_ text[];
+  tats bigint[];
+  writes int[];
+  k int := 1;
   i int;
+  tat bigint;
+  now bigint;
+  cost bigint;
+  interval_ bigint;
+  burst bigint;
+  tau bigint;
+  debt bigint;
+  inc bigint;
+  recorded bigint;
 BEGIN
-  FOR i IN SELECT o FROM unnest(ids) WITH ORDINALITY AS u(x, o) ORDER BY x, o LOOP
-    replies[7 * i - 6 : 7 * i] := __S__.gcra_one(ids[i], costs[i], recordings[i], intervals[i],
-                                                 bursts[i], windows[i], at);
+  INSERT INTO __S__.counters AS c (id, v, expires_at)
+    SELECT DISTINCT x, '{}'::bigint[], 0 FROM unnest(ids) AS u(x) ORDER BY x
+    ON CONFLICT (id) DO UPDATE SET expires_at = c.expires_at WHERE false;
+  now := coalesce(at, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
+  -- An expired row counts as empty, as in gcra_one.
+  SELECT array_agg(c.id ORDER BY c.id),
+         array_agg(CASE WHEN c.expires_at <= now THEN 0 ELSE coalesce(c.v[1], 0) END
+                   ORDER BY c.id)
+    INTO rows_, tats
+    FROM __S__.counters c WHERE c.id = ANY (ids);
+  writes := array_fill(0, ARRAY[cardinality(rows_)]);
+  SELECT array_agg(o::int ORDER BY x, o) INTO sorted
+    FROM unnest(ids) WITH ORDINALITY AS u(x, o);
+  FOREACH i IN ARRAY sorted LOOP
+    WHILE rows_[k] IS DISTINCT FROM ids[i] LOOP
+      k := k + 1;
+      IF k > cardinality(rows_) THEN
+        RAISE EXCEPTION 'gcra_many: no row for identifier %', ids[i];
+      END IF;
+    END LOOP;
+    tat := tats[k];
+    cost := costs[i];
+    interval_ := intervals[i];
+    burst := bursts[i];
+    tau := burst * interval_;
+    debt := greatest(tat, now) - now;
+    IF cost > burst THEN
+      replies[7 * i - 6 : 7 * i] :=
+        ARRAY[0, burst, greatest(tau - debt, 0) / interval_, debt, -1, 2, 0];
+      CONTINUE;
+    END IF;
+    inc := cost * interval_;
+    IF debt <= tau - inc THEN
+      IF recordings[i] <> 2 THEN
+        recorded := greatest(least(greatest(tat, now) + inc, now + tau + windows[i]), tat);
+        IF recorded > now THEN
+          tats[k] := recorded;
+          writes[k] := 1;
+        ELSE
+          tats[k] := 0;
+          writes[k] := 2;
+        END IF;
+      END IF;
+      replies[7 * i - 6 : 7 * i] := ARRAY[1, burst, (tau - debt - inc) / interval_, debt + inc,
+                                          -1, 0, 0];
+    ELSIF recordings[i] = 1 THEN
+      recorded := greatest(least(greatest(tat, now) + inc, now + tau + windows[i]), tat);
+      tats[k] := recorded;
+      writes[k] := 1;
+      debt := greatest(recorded, now) - now;
+      replies[7 * i - 6 : 7 * i] := ARRAY[0, burst, greatest(tau - debt, 0) / interval_, debt,
+                                          recorded + inc - tau - now, 1, 0];
+    ELSE
+      replies[7 * i - 6 : 7 * i] := ARRAY[0, burst, greatest(tau - debt, 0) / interval_, debt,
+                                          tat + inc - tau - now, 1, 0];
+    END IF;
   END LOOP;
+  UPDATE __S__.counters c SET v = ARRAY[w.tat], expires_at = w.tat
+    FROM unnest(rows_, tats, writes) AS w(id, tat, what)
+    WHERE w.what = 1 AND c.id = w.id;
+  DELETE FROM __S__.counters c
+    USING unnest(rows_, writes) AS w(id, what)
+    WHERE w.what = 2 AND c.id = w.id;
   RETURN replies;
 END $$;
