@@ -97,6 +97,7 @@ mod batch;
 #[doc(hidden)]
 pub mod call;
 mod cleaner;
+mod client;
 mod error;
 #[doc(hidden)]
 pub mod migrate;
@@ -104,6 +105,7 @@ mod store;
 mod tls;
 mod url;
 
+pub use client::ClientUrl;
 pub use error::PostgresError;
 pub use store::{PostgresStore, PostgresStoreBuilder};
 pub use url::{DEFAULT_SCHEMA, DEFAULT_TIMEOUT, redact as redact_url};

@@ -1,7 +1,7 @@
 //! The audit trail in a running service: a sink that cannot keep up never slows decisions
 //! (a FIFO nobody reads, `/dev/full`, a PostgreSQL server that is down), drops are
 //! counted; PostgreSQL rows arrive in batches; Envoy gRPC refusals are audited once; a
-//! reload moves the trail.
+//! reload moves the trail; the PostgreSQL sink speaks TLS.
 
 mod support;
 
@@ -198,6 +198,34 @@ fn postgres_rows_arrive_in_batches_and_a_stopped_database_costs_nothing() {
         denials(&server, &format!("back-{round}"), 10);
         round += 1;
     }
+}
+
+/// The PostgreSQL sink speaks TLS as the store does: `sslmode=require` with the server's CA
+/// in `sslrootcert` writes its rows over TLS (and the connection the server sees is TLS).
+#[test]
+fn the_postgres_sink_writes_over_tls() {
+    let (pg, ca) = PostgresServer::start_tls().expect("start postgres with TLS");
+    let url = format!(
+        "{}?sslmode=require&sslrootcert={}&application_name=sluice-audit-tls",
+        pg.url(),
+        ca.display()
+    );
+    let config = format!("{POLICY}[audit]\npostgres = \"{url}\"\nschema = \"tls_trail\"\n");
+    let server = Server::start(&config);
+    denials(&server, "tls", 50);
+    wait_metric(&server, "sluice_audit_written_total{sink=\"postgres\"}", 50);
+    let rows = pg
+        .psql("SELECT count(*) FROM tls_trail.audit_denials")
+        .unwrap();
+    assert_eq!(rows.trim(), "50");
+    let sessions = pg
+        .psql(
+            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
+             FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = 'sluice-audit-tls'",
+        )
+        .unwrap();
+    assert_eq!(sessions.trim(), "1|0", "TLS and plain sessions of the sink");
 }
 
 /// A changed `[audit]` table moves the trail at the next reload; one without it stops it.

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use sluice_postgres::ClientUrl;
 use tokio::sync::{mpsc, oneshot};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::{BATCH, DenialRecord, SinkCounters};
 use crate::config::audit::{PostgresSink, redact_url};
@@ -21,7 +22,7 @@ pub const TABLE: &str = "audit_denials";
 
 /// Where and how to connect.
 pub(super) struct Target {
-    settings: tokio_postgres::Config,
+    settings: ClientUrl,
     /// The URL without its password, for messages.
     shown: String,
     schema: String,
@@ -29,14 +30,7 @@ pub(super) struct Target {
 }
 
 impl Target {
-    pub(super) fn new(
-        mut settings: tokio_postgres::Config,
-        sink: &PostgresSink,
-        server: String,
-    ) -> Target {
-        if settings.get_connect_timeout().is_none() {
-            settings.connect_timeout(TIMEOUT);
-        }
+    pub(super) fn new(settings: ClientUrl, sink: &PostgresSink, server: String) -> Target {
         Target {
             settings,
             shown: redact_url(&sink.url),
@@ -67,16 +61,10 @@ COMMIT;"
     )
 }
 
-/// Connects to `settings`, the connection driven by a task of its own.
-pub(crate) async fn connect(settings: &tokio_postgres::Config) -> Result<Client, String> {
-    let (client, connection) = tokio::time::timeout(TIMEOUT, settings.connect(NoTls))
-        .await
-        .map_err(|_| format!("no connection within {TIMEOUT:?}"))?
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+/// Connects to `settings` (TLS as its `sslmode` says), the connection driven by a task of
+/// its own.
+pub(crate) async fn connect(settings: &ClientUrl) -> Result<Client, String> {
+    settings.connect().await.map_err(|e| e.to_string())
 }
 
 pub(super) fn spawn(

@@ -164,9 +164,9 @@ pub fn from_files(path: &Path, query: &Query) -> Result<Report, ReadError> {
 pub async fn from_postgres(url: &str, schema: &str, query: &Query) -> Result<Report, ReadError> {
     let settings = check_postgres_url(url).map_err(ReadError::Postgres)?;
     check_schema(schema).map_err(ReadError::Postgres)?;
+    let client = connect(&settings).await.map_err(ReadError::Postgres)?;
     let shown = redact_url(url);
     let failed = |e: String| ReadError::Postgres(format!("{shown}: {e}"));
-    let client = connect(&settings).await.map_err(failed)?;
     let since = query
         .since
         .duration_since(SystemTime::UNIX_EPOCH)

@@ -120,24 +120,16 @@ pub fn default_server() -> String {
 /// messages and logs: the PostgreSQL store's rule, one home for both.
 pub use sluice_postgres::redact_url;
 
-/// Checks a PostgreSQL URL as the sink will use it; the message never shows the password.
-pub fn check_postgres_url(url: &str) -> Result<tokio_postgres::Config, String> {
+/// Checks a PostgreSQL URL as the sink will use it (the PostgreSQL store's URL rules: TLS by
+/// `sslmode` and `sslrootcert`, timeouts); the message never shows the password.
+pub fn check_postgres_url(url: &str) -> Result<sluice_postgres::ClientUrl, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(format!(
             "`{}` is not a postgres:// or postgresql:// URL",
             redact_url(url)
         ));
     }
-    let settings = url
-        .parse::<tokio_postgres::Config>()
-        .map_err(|e| format!("`{}` is not a usable URL: {e}", redact_url(url)))?;
-    if settings.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(format!(
-            "`{}`: the audit sink does not speak TLS; use sslmode=disable or prefer",
-            redact_url(url)
-        ));
-    }
-    Ok(settings)
+    sluice_postgres::ClientUrl::parse(url).map_err(|e| e.to_string())
 }
 
 /// Checks a schema name: a plain SQL identifier (letters, digits, `_`; at most 63 bytes).
@@ -418,8 +410,13 @@ mod tests {
             shown,
             "postgres://app:***@db:5432/x?sslmode=disable&password=***"
         );
-        let e = check_postgres_url("postgres://app:hunter2@db/x?sslmode=require").unwrap_err();
-        assert!(e.contains("TLS") && !e.contains("hunter2"), "{e}");
+        check_postgres_url("postgres://app:hunter2@db/x?sslmode=require").expect("TLS");
+        let e = check_postgres_url("postgres://app:hunter2@db/x?sslrootcert=/no/such/ca.pem")
+            .unwrap_err();
+        assert!(
+            e.contains("/no/such/ca.pem") && !e.contains("hunter2"),
+            "{e}"
+        );
         let e = check_postgres_url("postgres://app:hunter2@db:notaport/x").unwrap_err();
         assert!(!e.contains("hunter2") && e.contains("***"), "{e}");
         let e = check_postgres_url("mysql://app:hunter2@db/x").unwrap_err();
