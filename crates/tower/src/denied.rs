@@ -28,6 +28,10 @@ pub enum Reason {
     DenyListed,
     /// A solved challenge, but the hard ceiling on solved requests is reached.
     Ceiling,
+    /// Every slot of a concurrency leaf is held (`user:3 concurrent`). The `Retry-After`
+    /// sent with it is a bound: the time until the earliest held lease expires; a holder
+    /// that finishes frees its slot sooner.
+    Occupied,
 }
 
 impl Reason {
@@ -38,6 +42,7 @@ impl Reason {
             Reason::CostExceedsCapacity => "cost_exceeds_capacity",
             Reason::DenyListed => "deny_listed",
             Reason::Ceiling => "ceiling",
+            Reason::Occupied => "occupied",
         }
     }
 
@@ -49,6 +54,7 @@ impl Reason {
             Some(Denial::Limited { .. }) => Some(Reason::Limited),
             Some(Denial::Penalized { .. }) => Some(Reason::Penalized),
             Some(Denial::CostExceedsCapacity) => Some(Reason::CostExceedsCapacity),
+            Some(Denial::Occupied { .. }) => Some(Reason::Occupied),
             _ => None,
         }
     }
@@ -249,6 +255,16 @@ fn write_detail(out: &mut String, denied: &Denied<'_>, name: fn(&mut String, &st
             out.push_str("` on solved challenges is reached");
             tail(out);
         }
+        Reason::Occupied => {
+            out.push_str("every slot of policy `");
+            name(out, policy);
+            out.push_str("` is in use");
+            if let Some(wait) = wait {
+                out.push_str("; one frees within ");
+                out.push_str(itoa::Buffer::new().format(whole_seconds(wait)));
+                out.push_str(" s");
+            }
+        }
     }
 }
 
@@ -357,6 +373,12 @@ mod tests {
             reset_after: Duration::from_secs(60),
             leaf: 0,
         };
+        let occupied = Decision {
+            denial: Some(Denial::Occupied {
+                retry_after: Duration::from_millis(29_001),
+            }),
+            ..limited.clone()
+        };
         let unknown_wait = Decision {
             denial: Some(Denial::CostExceedsCapacity),
             ..limited.clone()
@@ -371,6 +393,7 @@ mod tests {
                 None,
             ),
             ("api", Reason::DenyListed, None, Some("bad \"answer\"\n")),
+            ("exports", Reason::Occupied, Some(&occupied), None),
         ];
         for (policy, reason, decision, challenge_error) in cases {
             let denied = Denied {
@@ -391,6 +414,14 @@ mod tests {
             assert_eq!(parsed, expected, "{text}");
             if policy.is_ascii() && policy.chars().all(|c| c.is_alphanumeric()) {
                 assert_eq!(text, expected.to_string(), "byte for byte");
+            }
+            if reason == Reason::Occupied {
+                assert_eq!(
+                    parsed["detail"],
+                    "every slot of policy `exports` is in use; one frees within 30 s"
+                );
+                assert_eq!(parsed["reason"], "occupied");
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
             }
         }
     }

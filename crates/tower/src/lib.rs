@@ -39,6 +39,49 @@
 //! logins); [`Headers`] switches the header fields; hooks render denials and feed an audit
 //! log; a [`Challenge`](challenge::Challenge) such as [`ProofOfWork`] lets a refused client
 //! prove good faith. (To limit any block of code, see `Limiter::run` in `sluice-limiter`.)
+//!
+//! **How many at once, and costs known afterwards.** A policy whose rule has a concurrency
+//! leaf (`user:3 concurrent lease=30s`) makes the layer take a lease (`Limiter::acquire`)
+//! instead of checking: the lease lives in the [`ResponseBody`] and is released when the
+//! body ends or is dropped, so a streaming download keeps its slot while it streams. A
+//! refusal is 429 with reason `occupied` and a `Retry-After` that is a bound (when the
+//! earliest lease expires; a holder that finishes frees its slot sooner). With
+//! [`RateLimitLayerBuilder::reserve`] the layer reserves instead: each request is admitted
+//! on an estimate and settled at the actual cost its response reports ([`Reserve`],
+//! [`ActualCost`]).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, body::Body, routing::get};
+//! use http::Request;
+//! use http_body_util::BodyExt;
+//! use sluice_limiter::{Limiter, MemoryStore, Policy};
+//! use sluice_tower::{Key, RateLimitLayer};
+//! use tower::ServiceExt;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let limiter = Limiter::builder(MemoryStore::new())
+//!     .policy(Policy::new("exports", "user:1 concurrent lease=10m").unwrap())
+//!     .build()
+//!     .unwrap();
+//! let layer = RateLimitLayer::builder(Arc::new(limiter), "exports")
+//!     .selector("user", Key::header(http::HeaderName::from_static("x-user")))
+//!     .build()
+//!     .unwrap();
+//! let app = Router::new()
+//!     .route("/export", get(|| async { "a large file, streamed" }))
+//!     .layer(layer);
+//! let export = || Request::get("/export").header("x-user", "alice").body(Body::empty()).unwrap();
+//!
+//! let first = app.clone().oneshot(export()).await.unwrap();
+//! assert_eq!(first.status(), 200); // its body holds the slot
+//! let second = app.clone().oneshot(export()).await.unwrap();
+//! assert_eq!(second.status(), 429);
+//! assert_eq!(second.headers()["retry-after"], "600"); // at the latest
+//! first.into_body().collect().await.unwrap(); // the body is sent: the slot is free
+//! assert_eq!(app.oneshot(export()).await.unwrap().status(), 200);
+//! # });
+//! ```
 
 #![forbid(unsafe_code)]
 
@@ -57,6 +100,7 @@ mod headers;
 mod key;
 mod outcome;
 mod rate_limit;
+mod reserve;
 
 #[cfg(feature = "pow")]
 pub use challenge::ProofOfWork;
@@ -72,3 +116,4 @@ pub use rate_limit::{
     LayerStats, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
     WhenMissing,
 };
+pub use reserve::{ActualCost, Reserve};

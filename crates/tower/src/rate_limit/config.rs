@@ -13,6 +13,7 @@ use crate::filter::Filters;
 use crate::headers::{Headers, PolicyFields};
 use crate::key::{ClientIpResolver, Key};
 use crate::outcome::Outcomes;
+use crate::reserve::ReserveConfig;
 
 /// `check`, or `peek` when `peek`, without a future when the store can answer at once.
 pub(crate) fn try_now(
@@ -56,6 +57,8 @@ pub(crate) struct Stats {
     pub challenges_offered: AtomicU64,
     pub challenges_solved: AtomicU64,
     pub challenges_refused: AtomicU64,
+    pub reservations_settled: AtomicU64,
+    pub reservations_unsettled: AtomicU64,
 }
 
 /// A snapshot of a layer's counters.
@@ -77,6 +80,12 @@ pub struct LayerStats {
     pub challenges_offered: u64,
     pub challenges_solved: u64,
     pub challenges_refused: u64,
+    /// Reservations settled at the actual cost their response reported (counted once the
+    /// store has settled them).
+    pub reservations_settled: u64,
+    /// Admitted reservations whose estimate stands: the response reported no actual cost
+    /// (or an unreadable one), the inner service failed, or settling failed.
+    pub reservations_unsettled: u64,
 }
 
 impl Stats {
@@ -96,6 +105,8 @@ impl Stats {
             challenges_offered: get(&self.challenges_offered),
             challenges_solved: get(&self.challenges_solved),
             challenges_refused: get(&self.challenges_refused),
+            reservations_settled: get(&self.reservations_settled),
+            reservations_unsettled: get(&self.reservations_unsettled),
         }
     }
 }
@@ -108,6 +119,15 @@ pub(crate) struct ChallengeConfig {
     pub pardon: bool,
 }
 
+/// What the layer takes for each admitted request: a rate check (the usual), a lease held
+/// until the response body ends (a policy with a concurrency leaf), or a reservation settled
+/// at the response's actual cost.
+pub(crate) enum Hold {
+    Check,
+    Lease,
+    Reserve(ReserveConfig),
+}
+
 pub(crate) struct Config {
     pub limiter: Arc<Limiter>,
     pub policy: String,
@@ -115,6 +135,9 @@ pub(crate) struct Config {
     /// Selector name and the key supplying it, in the order given.
     pub keys: Vec<(String, Key)>,
     pub needs_body: bool,
+    /// Body keys, leases and reservations always take the async path.
+    pub always_slow: bool,
+    pub hold: Hold,
     pub needs_client_ip: bool,
     pub client_ip: ClientIpResolver,
     /// Leave the resolved address in the request's extensions.

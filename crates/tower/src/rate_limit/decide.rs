@@ -44,7 +44,7 @@ pub(super) fn before_now(ctx: &Ctx<'_>) -> Option<Before> {
 }
 
 /// An admitted hit: feeds the header fields, tells the audit hook about a shadow denial.
-fn admit(ctx: &Ctx<'_>, checked: sluice_limiter::Checked, peek: bool) -> Before {
+pub(super) fn admit(ctx: &Ctx<'_>, checked: sluice_limiter::Checked, peek: bool) -> Before {
     if checked.shadow_denied {
         shadow_denied(ctx, &checked.decision);
     }
@@ -155,7 +155,7 @@ async fn refuse(
 }
 
 /// [`refuse`] once the challenge offer, if any, is made.
-fn refuse_with(
+pub(super) fn refuse_with(
     ctx: &Ctx<'_>,
     decision: Decision,
     counted: bool,

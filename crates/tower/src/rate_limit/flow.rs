@@ -14,9 +14,10 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use super::answer::answer;
+use super::body::ResponseBody;
 use super::config::{Config, Stats, WhenMissing};
-use super::decide::{before, before_now};
-use super::future::ResponseBody;
+use super::decide::before_now;
+use super::hold::{self, before_holding};
 use crate::denied::{self, Reason};
 use crate::filter::Admission;
 use crate::key::body::{self, BodyError, BodyFields};
@@ -63,7 +64,7 @@ pub(super) struct Admitted<B> {
 
 /// Filters, keys and the decision, when none of them has to wait.
 pub(super) fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
-    if config.needs_body {
+    if config.always_slow {
         return Step::Slow(request);
     }
     let (mut parts, body) = request.into_parts();
@@ -155,18 +156,32 @@ where
         client_ip,
         selectors: &selectors,
     };
-    // `before` takes the synchronous path itself where the store allows it.
-    let (decision, counted) = match before(&ctx).await {
+    // `before` takes the synchronous path itself where the store allows it; leases and
+    // reservations take theirs.
+    let (decided, held) = before_holding(&ctx).await;
+    let (decision, counted) = match decided {
         Before::Admit { decision, counted } => (decision, counted),
         Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
     };
     let kept = keep(&config, counted, &values);
     drop(selectors);
     drop(values);
-    let response = inner.call(Request::from_parts(parts, body)).await?;
-    Ok(match finish_now(&config, decision, kept, response) {
+    let response = match inner.call(Request::from_parts(parts, body)).await {
+        Ok(response) => response,
+        Err(error) => {
+            if let Some(held) = held {
+                hold::abandon(&config, held);
+            }
+            return Err(error);
+        }
+    };
+    let response = match finish_now(&config, decision, kept, response) {
         Ok(response) => response,
         Err(unfinished) => finish_later(config.clone(), unfinished).await,
+    };
+    Ok(match held {
+        Some(held) => hold::after(&config, held, response),
+        None => response,
     })
 }
 

@@ -1,4 +1,4 @@
-//! The response future and body of [`RateLimit`](super::RateLimit).
+//! The response future of [`RateLimit`](super::RateLimit).
 
 use std::fmt;
 use std::future::Future;
@@ -6,13 +6,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use sluice_core::Decision;
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::config::Config;
 use super::flow::{self, Step};
 
@@ -22,7 +21,8 @@ pin_project! {
     /// Resolves to the inner service's response, or to the layer's own answer (429, 403,
     /// 503). The hit is decided when this future is first polled. A request that needs no
     /// waiting before the inner service (the usual one) is carried without allocating; one
-    /// that waits (body keys, a remote store, a wait mode, a challenge) is boxed.
+    /// that waits (body keys, a remote store, a wait mode, a challenge, a lease or a reservation)
+    /// is boxed.
     pub struct ResponseFuture<S, ReqBody, ResBody>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -164,89 +164,5 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ResponseFuture")
-    }
-}
-
-pin_project! {
-    /// The inner service's body, or the bytes of the layer's own answer.
-    pub struct ResponseBody<B> {
-        #[pin]
-        kind: Kind<B>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
-        Inner { #[pin] body: B },
-        Full { bytes: Option<Bytes> },
-    }
-}
-
-impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B) -> ResponseBody<B> {
-        ResponseBody {
-            kind: Kind::Inner { body },
-        }
-    }
-
-    pub(crate) fn full(bytes: Bytes) -> ResponseBody<B> {
-        let bytes = (!bytes.is_empty()).then_some(bytes);
-        ResponseBody {
-            kind: Kind::Full { bytes },
-        }
-    }
-}
-
-impl<B: From<Bytes>> ResponseBody<B> {
-    /// The body as the inner service's own type: its body untouched, or the layer's answer
-    /// converted with `From<Bytes>`. For servers that want the inner type back, such as
-    /// `axum::serve` (`response.map(ResponseBody::into_body)` on a layer wrapped around a
-    /// `Router`): unlike `axum::body::Body::new`, this boxes nothing.
-    pub fn into_body(self) -> B {
-        match self.kind {
-            Kind::Inner { body } => body,
-            Kind::Full { bytes } => B::from(bytes.unwrap_or_default()),
-        }
-    }
-}
-
-impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            Kind::Inner { body } => f.debug_tuple("Inner").field(body).finish(),
-            Kind::Full { bytes } => f.debug_tuple("Full").field(bytes).finish(),
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Full { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { bytes } => bytes.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Full { bytes } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
-        }
     }
 }

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use sluice_limiter::{CompiledPolicy, Limiter};
 use tower_layer::Layer;
 
-use super::config::{ChallengeConfig, Config, LayerStats, Stats, WhenMissing};
+use super::config::{ChallengeConfig, Config, Hold, LayerStats, Stats, WhenMissing};
 use super::service::RateLimit;
 use crate::challenge::Challenge;
 use crate::denied::{Denied, Hooks};
@@ -22,6 +22,7 @@ use crate::headers::{Headers, PolicyFields};
 use crate::key::body::DEFAULT_MAX_BODY;
 use crate::key::{ClientIpResolver, Key};
 use crate::outcome::Outcomes;
+use crate::reserve::Reserve;
 
 /// Applies one policy of a [`Limiter`] to the requests of an inner service. Stack several
 /// layers for several policies. Cheap to clone.
@@ -59,6 +60,7 @@ impl RateLimitLayer {
             fail_open: false,
             wait_up_to: None,
             max_body: DEFAULT_MAX_BODY,
+            reserve: None,
         }
     }
 
@@ -94,6 +96,7 @@ pub struct RateLimitLayerBuilder {
     fail_open: bool,
     wait_up_to: Option<Duration>,
     max_body: usize,
+    reserve: Option<Reserve>,
 }
 
 impl RateLimitLayerBuilder {
@@ -229,16 +232,34 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Reserve instead of check: admit each request on an estimate of its cost, and settle
+    /// at the actual cost its response reports (see [`Reserve`]). The policy's rule must
+    /// hold rate leaves only; `count_only`, `challenge` and `wait_up_to` do not combine
+    /// with it.
+    pub fn reserve(mut self, reserve: Reserve) -> Self {
+        self.reserve = Some(reserve);
+        self
+    }
+
     /// Checks the configuration against the limiter's policies.
+    ///
+    /// A policy whose rule has a concurrency leaf (`user:3 concurrent`) makes the layer
+    /// take a lease for each admitted request, held by the response body until it ends or
+    /// is dropped; [`reserve`](Self::reserve) makes it reserve. Either refuses
+    /// `count_only`, `challenge` and `wait_up_to`.
     pub fn build(mut self) -> Result<RateLimitLayer, Error> {
         let policy = self.find_policy(&self.policy)?;
         self.check_keys(&policy)?;
+        let hold = self.hold(&policy)?;
         if !self.client_ip.prefixes_valid() {
             return Err(Error::BadPrefix);
         }
         let challenge = match self.challenge.take() {
             Some((challenge, ceiling)) => {
                 let compiled = self.find_policy(&ceiling)?;
+                if compiled.has_concurrency() {
+                    return Err(Error::ConcurrentCeiling(ceiling));
+                }
                 self.covers(&compiled)?;
                 Some(ChallengeConfig {
                     challenge,
@@ -252,9 +273,12 @@ impl RateLimitLayerBuilder {
         let needs_client_ip = self.client_ip_extension
             || self.filters.needs_client_ip()
             || self.keys.iter().any(|(_, k)| k.needs_client_ip());
+        let needs_body = self.keys.iter().any(|(_, k)| k.needs_body());
         let config = Config {
             fields: PolicyFields::new(&policy),
-            needs_body: self.keys.iter().any(|(_, k)| k.needs_body()),
+            needs_body,
+            always_slow: needs_body || !matches!(hold, Hold::Check),
+            hold,
             needs_client_ip,
             limiter: self.limiter,
             policy: self.policy,
@@ -276,6 +300,33 @@ impl RateLimitLayerBuilder {
         Ok(RateLimitLayer {
             config: Arc::new(config),
         })
+    }
+
+    /// Check, lease or reserve, and the options that do not combine with the latter two.
+    fn hold(&mut self, policy: &CompiledPolicy) -> Result<Hold, Error> {
+        let (hold, kind) = match (policy.has_concurrency(), self.reserve.take()) {
+            (true, Some(_)) => return Err(Error::ReserveConcurrency(self.policy.clone())),
+            (true, None) => (Hold::Lease, "takes leases"),
+            (false, Some(reserve)) => (Hold::Reserve(reserve.validate()?), "reserves"),
+            (false, None) => return Ok(Hold::Check),
+        };
+        let option = if self.outcomes.is_some() {
+            Some("count_only")
+        } else if self.challenge.is_some() {
+            Some("challenge")
+        } else if self.wait_up_to.is_some() {
+            Some("wait_up_to")
+        } else {
+            None
+        };
+        match option {
+            Some(option) => Err(Error::Incompatible {
+                policy: self.policy.clone(),
+                kind,
+                option,
+            }),
+            None => Ok(hold),
+        }
     }
 
     fn find_policy(&self, name: &str) -> Result<Arc<CompiledPolicy>, Error> {

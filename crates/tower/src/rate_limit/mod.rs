@@ -2,15 +2,18 @@
 //! [`ResponseFuture`] decides each hit.
 
 mod answer;
+mod body;
 mod challenge;
 mod config;
 mod decide;
 mod flow;
 mod future;
+mod hold;
 mod layer;
 mod service;
 
+pub use body::ResponseBody;
 pub use config::{LayerStats, WhenMissing};
-pub use future::{ResponseBody, ResponseFuture};
+pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use service::RateLimit;

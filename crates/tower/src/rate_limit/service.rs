@@ -8,8 +8,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::config::Config;
-use super::future::{ResponseBody, ResponseFuture};
+use super::future::ResponseFuture;
 
 /// Limits the requests of `S`. Readiness is `S`'s own: the hit is decided in the response
 /// future, so a limited client never holds up `poll_ready` for everyone else.
