@@ -39,6 +39,15 @@ pub const DEFAULT_CAS_TRIES: u32 = 64;
 #[derive(Debug)]
 pub(crate) enum Answer {
     Judged(Judged),
+    /// A concurrency leaf judged, and how many expired leases its set dropped.
+    Leased {
+        judged: Judged,
+        expired: u64,
+    },
+    /// What a release found.
+    Released(sluice_core::algorithm::concurrency::Released),
+    /// A renewed lease's new expiry (ns), `None` when it was not held.
+    Renewed(Option<u64>),
     /// A penalty strike: nanoseconds the key must wait.
     Wait(u64),
     Done,

@@ -22,6 +22,11 @@
 //!    for a policy that counts denied attempts, kept, and the other leaves record it too.
 //! 5. A limited hit strikes the penalty (compare-and-swap on its record).
 //!
+//! An acquire (`lease` given) runs the same steps: a concurrency leaf *takes* the hit by
+//! taking the lease when it has a free slot (and records it, inside an admitted `and`,
+//! whatever it found), and gives it back by releasing it; every concurrency leaf it reads
+//! drops its expired leases, as the memory store's acquire does (see [`crate::concurrency`]).
+//!
 //! The price of steps instead of one atomic script is *under-admission*: a hit taken or
 //! reserved, then given back, holds its cost in those leaves meanwhile (two round trips at
 //! most) and may deny other hits there. The hits wrongly denied are at most the cost of the
@@ -35,13 +40,15 @@
 use std::sync::Arc;
 
 use sluice_core::decision::ticks;
-use sluice_core::{Decision, Denial, Penalty, PenaltyState, Recording, Shape, decide_verdicts};
+use sluice_core::{
+    Algorithm, Decision, Denial, Penalty, PenaltyState, Recording, Shape, decide_verdicts,
+};
 use sluice_limiter::Hit;
 
 use crate::MemcachedError;
 use crate::cas::{Answer, Plan, update};
 use crate::key::Keys;
-use crate::leaf::{Judged, LIVE_MARGIN, Mode};
+use crate::leaf::{Judged, LIVE_MARGIN, Mode, Recorded};
 use crate::lease::lease_keys;
 use crate::pool::Deadline;
 use crate::stats::Counters;
@@ -61,29 +68,33 @@ fn reached(shape: &Shape, known: &[Option<bool>], unknown_reached: bool) -> bool
 }
 
 impl Inner {
-    /// Decides `hit` at `now` (see the module documentation).
+    /// Decides `hit` at `now` (see the module documentation); a concurrency leaf that
+    /// records the hit takes `lease` (an acquire). Also answers the time the hit was recorded
+    /// at, for a reservation to settle: `now`, or the latest time a leaf recorded it at
+    /// when a leaf's state was ahead of `now` (see `leaf::settle`).
     pub async fn decide(
         self: &Arc<Self>,
         hit: &Hit<'_>,
         now: u64,
         deadline: Deadline,
-    ) -> Result<Decision, MemcachedError> {
+        lease: Option<u64>,
+    ) -> Result<(Decision, u64), MemcachedError> {
         let ev = &hit.evaluation;
         let counting = ev.recording != Recording::Never && ev.cost > 0;
         if !(counting && ev.shape.has_and()) {
-            return self.decide_in_steps(hit, now, deadline).await;
+            return self.decide_in_steps(hit, now, deadline, lease).await;
         }
         let keys = lease_keys(&hit.identifiers[0]);
         let life = self.timeout * 3;
-        let lease = self
+        let lock = self
             .leases
             .acquire(&self.pool, &keys, life, deadline)
             .await?;
-        let decided = self.decide_in_steps(hit, now, deadline).await;
+        let decided = self.decide_in_steps(hit, now, deadline, lease).await;
         let settle = Deadline::after(self.timeout);
         if self
             .leases
-            .release(&self.pool, &keys, lease, settle)
+            .release(&self.pool, &keys, lock, settle)
             .await
             .is_err()
         {
@@ -97,7 +108,8 @@ impl Inner {
         hit: &Hit<'_>,
         now: u64,
         deadline: Deadline,
-    ) -> Result<Decision, MemcachedError> {
+        lease: Option<u64>,
+    ) -> Result<(Decision, u64), MemcachedError> {
         let ev = &hit.evaluation;
         let leaves: Vec<Keys> = hit.identifiers.iter().map(|id| Keys::new(id)).collect();
         let penalty = match (ev.penalty, hit.penalty_identifier) {
@@ -109,10 +121,18 @@ impl Inner {
             let record = self.penalty_record(keys, deadline).await?;
             if let Some(wait) = config.remaining(&record, now) {
                 let first = self
-                    .judge(&leaves[0], &ev.quotas[0], now, 0, Mode::Peek, deadline)
+                    .judge(
+                        &leaves[0],
+                        &ev.quotas[0],
+                        now,
+                        0,
+                        Mode::Peek,
+                        None,
+                        deadline,
+                    )
                     .await?
                     .verdict;
-                return Ok(Decision {
+                let decision = Decision {
                     denial: Some(Denial::Penalized {
                         retry_after: ticks(wait, TICK_NS),
                     }),
@@ -120,12 +140,15 @@ impl Inner {
                     remaining: 0,
                     reset_after: ticks(first.reset_after.max(wait), TICK_NS),
                     leaf: 0,
-                });
+                };
+                return Ok((decision, now));
             }
         }
 
         let counting = ev.recording != Recording::Never && ev.cost > 0;
-        let judged = self.take_in_turn(hit, &leaves, now, deadline).await?;
+        let judged = self
+            .take_in_turn(hit, &leaves, now, deadline, lease)
+            .await?;
         let mut judged = judged;
         let verdicts: Vec<_> = judged.iter().map(|j| j.verdict).collect();
         let mut decision = decide_verdicts(ev.shape, &verdicts, TICK_NS);
@@ -134,7 +157,9 @@ impl Inner {
 
         if counting {
             if ev.recording.records_decision(&decision) {
-                self.record_the_rest(hit, &leaves, &mut judged, now, deadline)
+                let admitted = decision.allowed();
+                let rest = (lease, admitted);
+                self.record_the_rest(hit, &leaves, &mut judged, now, deadline, rest)
                     .await;
                 if !decision.allowed() {
                     // A denied hit that counts makes the wait longer: report the wait of the
@@ -181,7 +206,15 @@ impl Inner {
                 Err(_) => Counters::bump(&self.pool.counters.unfinished),
             }
         }
-        Ok(decision)
+        // Leaves whose state was ahead of `now` recorded the hit at that later time.
+        let taken_at = judged
+            .iter()
+            .filter_map(|j| match j.recorded {
+                Some(Recorded::State { at, .. }) => Some(at),
+                _ => None,
+            })
+            .fold(now, u64::max);
+        Ok((decision, taken_at))
     }
 
     /// Judges the leaves in rule order, each taking the hit only if it admits it, and only
@@ -192,6 +225,7 @@ impl Inner {
         leaves: &[Keys],
         now: u64,
         deadline: Deadline,
+        lease: Option<u64>,
     ) -> Result<Vec<Judged>, MemcachedError> {
         let ev = &hit.evaluation;
         let counting = ev.recording != Recording::Never && ev.cost > 0;
@@ -208,7 +242,7 @@ impl Inner {
                 Mode::Take
             };
             match self
-                .judge(keys, &ev.quotas[i], now, ev.cost, mode, deadline)
+                .judge(keys, &ev.quotas[i], now, ev.cost, mode, lease, deadline)
                 .await
             {
                 Ok(leaf) => {
@@ -225,6 +259,8 @@ impl Inner {
     }
 
     /// Records the hit in every leaf that has not: the rule admitted it, or counts denials.
+    /// `(lease, admitted)`: the lease an acquire takes, which concurrency leaves hold only
+    /// when the rule admitted the hit (a denied attempt holds no slot).
     async fn record_the_rest(
         self: &Arc<Self>,
         hit: &Hit<'_>,
@@ -232,15 +268,29 @@ impl Inner {
         judged: &mut [Judged],
         now: u64,
         deadline: Deadline,
+        (lease, admitted): (Option<u64>, bool),
     ) {
         let ev = &hit.evaluation;
         for (i, leaf) in judged.iter_mut().enumerate() {
-            if leaf.recorded.is_some() {
+            let quota = &ev.quotas[i];
+            let concurrent = quota.algorithm() == Algorithm::Concurrency;
+            // A denied hit holds no slot; an acquire already dropped the expired leases of
+            // every concurrency leaf, other hits drop them here (recording one, as the
+            // memory store does).
+            if leaf.recorded.is_some() || (concurrent && !admitted && lease.is_some()) {
                 continue;
             }
-            let quota = &ev.quotas[i];
+            let lease = lease.filter(|_| admitted);
             match self
-                .judge(&leaves[i], quota, now, ev.cost, Mode::Force, deadline)
+                .judge(
+                    &leaves[i],
+                    quota,
+                    now,
+                    ev.cost,
+                    Mode::Force,
+                    lease,
+                    deadline,
+                )
                 .await
             {
                 Ok(forced) => {

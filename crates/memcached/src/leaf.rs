@@ -19,6 +19,9 @@
 //! **GCRA, fixed window, sliding log**: the state under `<base>|s`, updated by
 //! compare-and-swap (see [`crate::cas`]). The core's functions judge and record, so the
 //! numbers are those of every other store.
+//!
+//! **Concurrency**: the lease set under `<base>|s`, by compare-and-swap too (see
+//! [`crate::concurrency`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,7 +38,7 @@ use crate::pool::Deadline;
 use crate::protocol::number;
 use crate::stats::Counters as Stats;
 use crate::store::Inner;
-use crate::value::{MAX_LOG_LIMIT, Stored, decode, encode_state};
+use crate::value::{MAX_LEASES, MAX_LOG_LIMIT, Stored, decode, encode_state};
 
 /// Times a counter may vanish between our `add` and `incr` before the call gives up.
 const VANISH_TRIES: u32 = 3;
@@ -68,8 +71,18 @@ impl Mode {
 /// Where a hit was recorded, to give it back.
 #[derive(Debug, Clone)]
 pub enum Recorded {
-    Counter { key: String, cost: u64 },
-    State { at: u64, cost: u64 },
+    Counter {
+        key: String,
+        cost: u64,
+    },
+    State {
+        at: u64,
+        cost: u64,
+    },
+    /// A concurrency lease taken.
+    Lease {
+        id: u64,
+    },
 }
 
 /// One leaf's answer to one hit.
@@ -92,6 +105,13 @@ pub fn supported(quota: &Quota) -> Result<(), MemcachedError> {
                 quota.limit()
             )))
         }
+        Algorithm::Concurrency if quota.limit() > MAX_LEASES => {
+            Err(MemcachedError::Unsupported(format!(
+                "a concurrency leaf of {} slots does not fit one memcached item (at most \
+                 {MAX_LEASES})",
+                quota.limit()
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -107,7 +127,11 @@ pub(crate) fn count(key: &str, value: &[u8]) -> Result<u64, MemcachedError> {
 
 /// The leaf state a `|s` value holds; a fresh one when absent or written by another
 /// algorithm (the same identifier reused with another algorithm).
-fn leaf_state(quota: &Quota, key: &Keys, value: Option<&[u8]>) -> Result<State, MemcachedError> {
+pub(crate) fn leaf_state(
+    quota: &Quota,
+    key: &Keys,
+    value: Option<&[u8]>,
+) -> Result<State, MemcachedError> {
     let Some(value) = value else {
         return Ok(quota.fresh_state());
     };
@@ -166,7 +190,9 @@ fn undo(quota: &Quota, state: &mut State, at: u64, cost: u64) {
 pub const LIVE_MARGIN: u64 = 2_000_000_000;
 
 impl Inner {
-    /// Judges leaf `keys` of `quota` for a hit of `cost` at `now`, recording it as `mode` says.
+    /// Judges leaf `keys` of `quota` for a hit of `cost` at `now`, recording it as `mode` says;
+    /// a concurrency leaf takes `lease` when it records (see [`crate::concurrency`]).
+    #[allow(clippy::too_many_arguments)] // each argument is one plain fact of the hit
     pub async fn judge(
         self: &Arc<Self>,
         keys: &Keys,
@@ -174,9 +200,15 @@ impl Inner {
         now: u64,
         cost: u64,
         mode: Mode,
+        lease: Option<u64>,
         deadline: Deadline,
     ) -> Result<Judged, MemcachedError> {
         supported(quota)?;
+        if quota.algorithm() == Algorithm::Concurrency {
+            return self
+                .judge_leases(keys, quota, now, cost, mode, lease, deadline)
+                .await;
+        }
         if quota.algorithm() == Algorithm::SlidingWindow {
             return self
                 .judge_counter(keys, quota, now, cost, mode, deadline)
@@ -451,6 +483,11 @@ impl Inner {
         match recorded {
             Recorded::Counter { key, cost } => {
                 self.decrement(keys, key, *cost, deadline).await;
+                Ok(())
+            }
+            Recorded::Lease { id } => {
+                let now = self.clock.now();
+                self.release_lease(keys, now, *id, deadline).await?;
                 Ok(())
             }
             Recorded::State { at, cost } => {

@@ -31,10 +31,25 @@
 //!   decides). A sliding log must fit one item: limits above
 //!   [`MAX_LOG_LIMIT`] are refused at decision time with
 //!   [`Unsupported`](MemcachedError::Unsupported) (use sliding-window or GCRA instead).
+//! - **Concurrency leaves** (`user:3 concurrent`, [`Store::acquire`](sluice_limiter::Store::acquire),
+//!   `release`, `renew`): the leases held, `(id, expires at)` pairs, as one small set under
+//!   `<id>|s`, changed by `gets`/`cas` like the states above: each step drops the expired
+//!   leases, counts and adds (or releases, or renews) on the whole set, so it is exact, as
+//!   the memory store is. It costs two round trips per acquire and per release, and
+//!   rewrites about 42 bytes per lease held; a leaf has at most [`MAX_LEASES`] slots.
+//!   Details, and what memcached can lose, in `src/concurrency.rs`.
+//! - **Reservations** ([`Store::reserve`](sluice_limiter::Store::reserve), `settle`): decided
+//!   and recorded as a hit; settling charges each leaf the difference with a
+//!   compare-and-swap (GCRA, fixed window, sliding log) or an `incr`/`decr` of the counter
+//!   of the reservation's sub-window (sliding window), never refused (`src/reservation.rs`).
 //! - **Compound rules and penalties**: decided leaf by leaf; what an early leaf took is given
 //!   back when a later one denies, so a rule never over-admits; rules with `and` take turns
 //!   under a short lease per operation (`src/lease.rs`). The bound on
-//!   under-admission, and what steps cost, are in `src/decide.rs`.
+//!   under-admission, and what steps cost, are in `src/decide.rs`. A rule that mixes rate
+//!   and concurrency leaves is decided the same way: a concurrency leaf takes its lease
+//!   only if it has a free slot (or, inside an `and`, if the rule admits the hit), and
+//!   gives it back when a later leaf denies, so a lease can hold a slot for a round trip
+//!   for a hit that is then denied (under-admission, never over-admission).
 //!
 //! Key layouts and value formats: `src/key.rs` and `src/value.rs`. Identifiers
 //! that memcached cannot take as keys (over 200 bytes, whitespace, control or non-ASCII
@@ -87,13 +102,16 @@
 //! and later for the one behind, which denies that many sooner (every update is still a
 //! compare-and-swap, so no hit is lost). A fixed window turns over `d` apart, and a hit
 //! from the server behind never turns a window back. Skew far below the sub-window (or the
-//! GCRA interval) changes nothing in practice.
+//! GCRA interval) changes nothing in practice. A lease expires on the clock of whoever
+//! looks: with clocks `d` apart, an abandoned lease frees its slot `d` sooner for the app
+//! server ahead (a lease released or renewed in time is not affected).
 
 #![forbid(unsafe_code)]
 
 mod cas;
 mod combine;
 mod commands;
+mod concurrency;
 mod connection;
 mod decide;
 mod error;
@@ -103,6 +121,7 @@ mod leaf;
 mod lease;
 mod pool;
 mod protocol;
+mod reservation;
 mod ring;
 mod stats;
 mod store;
@@ -115,7 +134,7 @@ pub use store::{
     DEFAULT_CONNECTIONS, DEFAULT_DOWN_FOR, DEFAULT_SKEW, DEFAULT_TIMEOUT, MemcachedStore,
     MemcachedStoreBuilder,
 };
-pub use value::MAX_LOG_LIMIT;
+pub use value::{MAX_LEASES, MAX_LOG_LIMIT};
 
 /// The readers of what a memcached server and a user send, for the fuzz targets in `fuzz/`
 /// only: not an API, no stability promised.

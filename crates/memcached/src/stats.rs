@@ -24,6 +24,9 @@ pub struct MemcachedStats {
     /// hit in a leaf that denied it, striking a penalty) that failed: the decision stands,
     /// the counters are off by that hit until they expire.
     pub unfinished: u64,
+    /// Concurrency leases that expired instead of being released (dropped from their set, or
+    /// found expired by their release): each is a holder that vanished or forgot to release.
+    pub leases_expired: u64,
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +38,7 @@ pub(crate) struct Counters {
     pub(crate) rerouted: AtomicU64,
     pub(crate) wrapped: AtomicU64,
     pub(crate) unfinished: AtomicU64,
+    pub(crate) leases_expired: AtomicU64,
 }
 
 impl Counters {
@@ -52,6 +56,7 @@ impl Counters {
             rerouted: get(&self.rerouted),
             wrapped: get(&self.wrapped),
             unfinished: get(&self.unfinished),
+            leases_expired: get(&self.leases_expired),
         }
     }
 }

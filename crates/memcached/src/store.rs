@@ -3,8 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::Decision;
-use sluice_limiter::{Clock, Hit, Identifier, Store, StoreError, SystemClock};
+use std::future::Future;
+
+use sluice_core::algorithm::concurrency::Released;
+use sluice_core::{Algorithm, Decision};
+use sluice_limiter::{
+    Clock, Hit, Identifier, LeaseKeys, Settlement, Store, StoreError, SystemClock,
+};
 
 use crate::MemcachedError;
 use crate::cas::{Combiner, DEFAULT_CAS_TRIES};
@@ -45,6 +50,8 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) timeout: Duration,
     pub(crate) skew: Duration,
+    /// Lease releases in flight (see `concurrency::judge_leases`).
+    pub(crate) releasing: std::sync::atomic::AtomicUsize,
 }
 
 /// Configures a [`MemcachedStore`]. Settings made here win over the URL's options.
@@ -149,6 +156,7 @@ impl MemcachedStoreBuilder {
                 clock: self.clock,
                 timeout,
                 skew: self.skew.or(settings.skew).unwrap_or(DEFAULT_SKEW),
+                releasing: Default::default(),
             }),
         })
     }
@@ -234,6 +242,23 @@ fn window_shape(meta: &[u8]) -> Option<(u64, u64)> {
     Some((sub, g))
 }
 
+impl MemcachedStore {
+    /// Runs `step` (bounded by deadlines of its own) under a backstop of three timeouts.
+    async fn bounded<T>(
+        &self,
+        step: impl Future<Output = Result<T, MemcachedError>>,
+    ) -> Result<T, StoreError> {
+        let backstop = self.inner.timeout * 3;
+        match tokio::time::timeout(backstop, step).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+        }
+    }
+}
+
+/// Concurrency leases (see `src/concurrency.rs`) and reservations (`src/reservation.rs`)
+/// are kept as the rest: leaf by leaf, each leaf's step a compare-and-swap, a compound rule
+/// decided as `decide` decides it.
 impl Store for MemcachedStore {
     async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
         let inner = &self.inner;
@@ -241,15 +266,82 @@ impl Store for MemcachedStore {
         let now = inner.clock.now();
         // Every step is bounded by a deadline (the steps after the decision by one of their
         // own, so a slow start does not leave reservations behind); this is only a backstop.
-        let backstop = inner.timeout * 3;
-        let decided = tokio::time::timeout(backstop, inner.decide(hit, now, deadline)).await;
-        match decided {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(StoreError::Timeout(inner.timeout)),
-        }
+        let (decision, _) = self.bounded(inner.decide(hit, now, deadline, None)).await?;
+        Ok(decision)
     }
 
     async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         Ok(self.forget(identifiers).await?)
+    }
+
+    async fn acquire(&self, hit: &Hit<'_>, lease: u64) -> Result<Decision, StoreError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        let decided = inner.decide(hit, now, deadline, Some(lease));
+        let (decision, _) = self.bounded(decided).await?;
+        let quotas = hit.evaluation.quotas;
+        let by_concurrency = quotas
+            .get(decision.leaf)
+            .is_some_and(|q| q.algorithm() == Algorithm::Concurrency);
+        Ok(if by_concurrency {
+            decision.occupied()
+        } else {
+            decision
+        })
+    }
+
+    async fn release(&self, leases: &LeaseKeys<'_>, lease: u64) -> Result<Released, StoreError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        let mut found = Released::NotHeld;
+        for identifier in leases.identifiers {
+            let keys = Keys::new(identifier);
+            let step = inner.release_lease(&keys, now, lease, deadline);
+            match self.bounded(step).await? {
+                Released::Released => found = Released::Released,
+                Released::Expired if found == Released::NotHeld => found = Released::Expired,
+                _ => {}
+            }
+        }
+        if found == Released::Expired {
+            inner.count_expired(1);
+        }
+        Ok(found)
+    }
+
+    async fn renew(
+        &self,
+        leases: &LeaseKeys<'_>,
+        lease: u64,
+    ) -> Result<Option<Duration>, StoreError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        let mut left: Option<u64> = None;
+        for (identifier, quota) in leases.identifiers.iter().zip(leases.quotas) {
+            let keys = Keys::new(identifier);
+            let step = inner.renew_lease(&keys, quota, now, lease, deadline);
+            if let Some(expires_at) = self.bounded(step).await? {
+                let this = expires_at.saturating_sub(now);
+                left = Some(left.map_or(this, |l| l.min(this)));
+            }
+        }
+        Ok(left.map(Duration::from_nanos))
+    }
+
+    async fn reserve(&self, hit: &Hit<'_>) -> Result<(Decision, u64), StoreError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        self.bounded(inner.decide(hit, now, deadline, None)).await
+    }
+
+    async fn settle(&self, settlement: &Settlement<'_>) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let deadline = Deadline::after(inner.timeout);
+        let now = inner.clock.now();
+        self.bounded(inner.settle(settlement, now, deadline)).await
     }
 }

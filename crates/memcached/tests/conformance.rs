@@ -1,10 +1,11 @@
 //! The store conformance suite, unchanged, on real memcached: one server per case, and a
-//! pool of three for the whole suite.
+//! pool of three for the whole suite; the rate cases, then the concurrency cases (leases and
+//! reservations).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sluice_limiter::conformance::{StoreFactory, block_on, run_all};
+use sluice_limiter::conformance::{StoreFactory, block_on, run_all, run_all_concurrency};
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
 
@@ -57,11 +58,26 @@ mod one_server {
     sluice_limiter::conformance_tests!(Clients::one().await);
 }
 
+mod one_server_concurrency {
+    use super::Clients;
+
+    sluice_limiter::concurrency_conformance_tests!(Clients::one().await);
+}
+
 #[test]
 fn a_pool_of_three_runs_the_whole_suite() {
     block_on("pool of three", async {
         let servers = MemcachedServer::start_many(3).expect("memcached");
         let clients = Clients::on(servers).await;
         run_all(&clients).await;
+    });
+}
+
+#[test]
+fn a_pool_of_three_runs_the_concurrency_suite() {
+    block_on("pool of three, concurrency", async {
+        let servers = MemcachedServer::start_many(3).expect("memcached");
+        let clients = Clients::on(servers).await;
+        run_all_concurrency(&clients).await;
     });
 }
