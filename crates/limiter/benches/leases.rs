@@ -8,10 +8,14 @@
 //! policy handle and releases the `Lease` (`Lease::release`), as an application would;
 //! `store_` calls the memory store's `acquire_now` and `release_now` on a ready identifier.
 //! The semaphore side is `Semaphore::acquire().await` and dropping the permit. Both sides
-//! run in one async loop on a current-thread runtime per thread. Sides alternate in 3
-//! rounds of the same number of operations; each figure is the median round, in
-//! nanoseconds per operation per thread. The semaphore cannot be shared across processes;
-//! the lease can, through a shared store.
+//! run in one async loop on a current-thread runtime per thread, as async closures that
+//! capture what they use once (no `Arc` cloned per operation, on either side). Sides
+//! alternate in 3 rounds of the same number of operations; each figure is the median round,
+//! in nanoseconds per operation per thread. The semaphore cannot be shared across
+//! processes; the lease can, through a shared store.
+//!
+//! For a profile of one side: `SLUICE_BENCH_ONLY=store SLUICE_BENCH_OPS=20000 valgrind
+//! --tool=callgrind target/release/deps/leases-*` (the other sides print 0).
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -30,10 +34,13 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Runs `op` `OPS` times on each of `threads` threads at once; ns per op per thread.
-fn timed<F, Fut>(threads: usize, op: F) -> f64
+///
+/// `op` is an async closure: what it needs is captured once per thread, not cloned per
+/// operation (an `Arc` cloned per operation is two atomic writes to a line that two threads
+/// share, and it was a third of the semaphore's figure).
+fn timed<F>(threads: usize, op: F) -> f64
 where
-    F: Fn() -> Fut + Send + Sync + Clone + 'static,
-    Fut: std::future::Future<Output = ()>,
+    F: AsyncFn() + Send + Clone + 'static,
 {
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
@@ -44,17 +51,40 @@ where
                 start.wait();
                 let began = Instant::now();
                 rt.block_on(async {
-                    for _ in 0..OPS {
+                    for _ in 0..ops() {
                         op().await;
                     }
                 });
-                began.elapsed().as_nanos() as f64 / OPS as f64
+                began.elapsed().as_nanos() as f64 / ops() as f64
             })
         })
         .collect();
     start.wait();
     let per_thread: Vec<f64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     per_thread.iter().sum::<f64>() / threads as f64
+}
+
+/// Operations per thread per round: `OPS`, or `SLUICE_BENCH_OPS` (a small count for running
+/// under a profiler, `valgrind --tool=callgrind`). `SLUICE_BENCH_ONLY=limiter`, `store` or
+/// `semaphore` runs that side alone (the others print 0), so a profile holds one side.
+fn ops() -> u64 {
+    std::env::var("SLUICE_BENCH_OPS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(OPS)
+}
+
+/// Whether `side` is to be measured (see [`ops`]).
+fn runs(side: &str) -> bool {
+    std::env::var("SLUICE_BENCH_ONLY").map_or(true, |only| only == side)
+}
+
+/// `op` timed, or 0 when its side is left out.
+fn timed_if<F>(side: &str, threads: usize, op: F) -> f64
+where
+    F: AsyncFn() + Send + Clone + 'static,
+{
+    if runs(side) { timed(threads, op) } else { 0.0 }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -80,47 +110,38 @@ fn main() {
             ("store_acquire_release", Vec::new(), Vec::new()),
         ];
         for _ in 0..ROUNDS {
-            let (limiter2, policy2) = (limiter.clone(), policy.clone());
-            rows[0].1.push(timed(threads, move || {
-                let (limiter, policy) = (limiter2.clone(), policy2.clone());
-                async move {
-                    let acquired = limiter.acquire(&policy, &[("queue", "mail")]).await;
-                    let lease = acquired.unwrap().lease.expect("a free slot");
-                    lease.release().await.unwrap();
-                }
+            let (limiter, jobs) = (limiter.clone(), policy.clone());
+            rows[0].1.push(timed_if("limiter", threads, async move || {
+                let acquired = limiter.acquire(&jobs, &[("queue", "mail")]).await;
+                let lease = acquired.unwrap().lease.expect("a free slot");
+                lease.release().await.unwrap();
             }));
-            let (store, policy, id2) = (store.clone(), policy.clone(), id.clone());
-            rows[1].1.push(timed(threads, move || {
-                let (store, policy, id) = (store.clone(), policy.clone(), id2.clone());
-                async move {
-                    let hit = Hit {
-                        identifiers: std::slice::from_ref(&*id),
-                        evaluation: Evaluation {
-                            shape: &policy.shape,
-                            quotas: &policy.quotas,
-                            cost: 1,
-                            recording: Recording::Admitted,
-                            penalty: None,
-                        },
-                        penalty_identifier: None,
-                    };
-                    let lease = sluice_limiter::LeaseId::random().0;
-                    assert!(store.acquire_now(&hit, lease).allowed());
-                    let keys = LeaseKeys {
-                        identifiers: std::slice::from_ref(&*id),
+            let (store, policy, id) = (store.clone(), policy.clone(), id.clone());
+            rows[1].1.push(timed_if("store", threads, async move || {
+                let hit = Hit {
+                    identifiers: std::slice::from_ref(&*id),
+                    evaluation: Evaluation {
+                        shape: &policy.shape,
                         quotas: &policy.quotas,
-                    };
-                    store.release_now(&keys, lease);
-                }
+                        cost: 1,
+                        recording: Recording::Admitted,
+                        penalty: None,
+                    },
+                    penalty_identifier: None,
+                };
+                let lease = sluice_limiter::LeaseId::random().0;
+                assert!(store.acquire_now(&hit, lease).allowed());
+                let keys = LeaseKeys {
+                    identifiers: std::slice::from_ref(&*id),
+                    quotas: &policy.quotas,
+                };
+                store.release_now(&keys, lease);
             }));
             for row in rows.iter_mut() {
                 let semaphore = semaphore.clone();
-                row.2.push(timed(threads, move || {
-                    let semaphore = semaphore.clone();
-                    async move {
-                        let permit = semaphore.acquire().await.expect("open");
-                        drop(permit);
-                    }
+                row.2.push(timed_if("semaphore", threads, async move || {
+                    let permit = semaphore.acquire().await.expect("open");
+                    drop(permit);
                 }));
             }
         }

@@ -128,8 +128,8 @@ pub async fn run_all<F: StoreFactory>(factory: &F) {
     near_cache_answers_denied(factory).await;
 }
 
-/// Every concurrency case, in order, in one test (stores that support leases only: in this
-/// phase, the memory store).
+/// Every concurrency case, in order, in one test (stores that support leases and
+/// reservations).
 pub async fn run_all_concurrency<F: StoreFactory>(factory: &F) {
     leases_never_exceed_the_limit(factory).await;
     release_frees_at_once(factory).await;
@@ -189,8 +189,9 @@ macro_rules! conformance_tests {
 }
 
 /// One `#[test]` per concurrency case (leases), as [`conformance_tests!`] does for rates.
-/// Kept apart because only stores that support leases run it (in this phase, the memory
-/// store); the others' runs of [`conformance_tests!`] stay as they were.
+/// Kept apart so that a store of one's own without leases and reservations (they have
+/// default implementations answering [`StoreError::Unsupported`](crate::StoreError)) can run
+/// the rate cases alone.
 #[macro_export]
 macro_rules! concurrency_conformance_tests {
     ($factory:expr $(,)?) => {

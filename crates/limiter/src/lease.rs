@@ -15,6 +15,14 @@ use crate::identifier::Identifier;
 use crate::limiter::{Checked, Error};
 use crate::store::{DynStore, LeaseKeys, Settlement, Store};
 
+mod spare;
+mod token;
+
+pub use token::TokenError;
+pub(crate) use token::{
+    TokenSelectors, hex16, join_token, parse_lease_token, parse_reservation_token, token_selectors,
+};
+
 /// A lease's id: 64 random-looking bits, written as 16 hex digits. Ids from different
 /// processes do not collide in practice, so processes sharing a store need no coordination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,6 +67,8 @@ impl FromStr for LeaseId {
 pub(crate) struct LeaseParts {
     pub(crate) identifiers: Vec<Identifier>,
     pub(crate) quotas: Vec<Quota>,
+    /// The selector values these identifiers were made of, as a token carries them.
+    pub(crate) selectors: TokenSelectors,
 }
 
 impl LeaseParts {
@@ -110,8 +120,26 @@ impl Lease {
         }
     }
 
+    /// A lease rebuilt from its token: its holder is elsewhere, so dropping this one
+    /// releases nothing.
+    pub(crate) fn rebuilt(id: LeaseId, store: DynStore, parts: LeaseParts) -> Lease {
+        Lease {
+            id,
+            store,
+            parts: Arc::new(parts),
+            done: true,
+        }
+    }
+
     pub fn id(&self) -> LeaseId {
         self.id
+    }
+
+    /// The lease as text, `<16 hex digits of its id>.<its selector values, base64url>`:
+    /// enough for [`Limiter::lease`](crate::Limiter::lease) to rebuild it in any process
+    /// on the same store and policy, e.g. to release it through another server.
+    pub fn token(&self) -> String {
+        join_token(&[&self.id.to_string()], &self.parts.selectors)
     }
 
     /// Releases the slot now. Answers [`Released::Expired`] if the lease had expired (its
@@ -139,14 +167,16 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        match self.store.as_memory() {
-            Some(memory) => {
-                memory.release_now(&self.parts.keys(), self.id.0);
+        if !self.done {
+            match self.store.as_memory() {
+                Some(memory) => {
+                    memory.release_now(&self.parts.keys(), self.id.0);
+                }
+                None => self.release_in_background(),
             }
-            None => self.release_in_background(),
+        }
+        if let Some(parts) = Arc::get_mut(&mut self.parts) {
+            parts.keep_spare();
         }
     }
 }
@@ -185,6 +215,7 @@ pub struct Reservation {
     quotas: Vec<Quota>,
     taken_at: u64,
     estimate: u64,
+    selectors: TokenSelectors,
 }
 
 impl fmt::Debug for Reservation {
@@ -203,6 +234,7 @@ impl Reservation {
         quotas: Vec<Quota>,
         taken_at: u64,
         estimate: u64,
+        selectors: TokenSelectors,
     ) -> Reservation {
         Reservation {
             store,
@@ -210,7 +242,17 @@ impl Reservation {
             quotas,
             taken_at,
             estimate,
+            selectors,
         }
+    }
+
+    /// The reservation as text, `<taken_at>.<estimate>.<selector values>` (16 hex digits,
+    /// 16 hex digits, base64url): enough for
+    /// [`Limiter::reservation`](crate::Limiter::reservation) to rebuild it in any process on
+    /// the same store and policy, e.g. to settle it through another server.
+    pub fn token(&self) -> String {
+        let (taken_at, estimate) = (hex16(self.taken_at), hex16(self.estimate));
+        join_token(&[&taken_at, &estimate], &self.selectors)
     }
 
     /// The cost charged when the reservation was admitted.

@@ -39,8 +39,8 @@
 //! Limits on how many at once, and costs known only afterwards: [`Limiter::acquire`] takes a
 //! [`Lease`] on a rule with a concurrency leaf (`user:3 concurrent lease=30s`), released when
 //! dropped; [`Limiter::reserve`] admits an estimated cost and returns a [`Reservation`] to
-//! [`settle`](Reservation::settle) at the actual one. In this phase only the memory store
-//! supports them (see [`lease`]).
+//! [`settle`](Reservation::settle) at the actual one. Every store of the workspace supports
+//! them (memory, Redis, memcached, PostgreSQL; see [`lease`]).
 
 #![forbid(unsafe_code)]
 

@@ -4,8 +4,11 @@ use sluice_core::{Evaluation, Recording};
 
 use super::decide::{finish, write_leaf, write_penalty};
 use super::{Error, Limiter, PolicyArg, Selectors, counting};
-use crate::identifier::Identifier;
-use crate::lease::{Acquired, Lease, LeaseId, LeaseParts, Reservation, Reserved};
+use crate::identifier::{Identifier, Identifiers};
+use crate::lease::{
+    Acquired, Lease, LeaseId, LeaseParts, Reservation, Reserved, TokenError, TokenSelectors,
+    parse_lease_token, parse_reservation_token, token_selectors,
+};
 use crate::policy::CompiledPolicy;
 use crate::store::{Hit, Store};
 
@@ -46,22 +49,36 @@ impl Limiter {
         if !policy.concurrent {
             return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
         }
-        let identifiers = identifiers(&policy, selectors)?;
-        let hit = hit(&policy, &identifiers, 1, counting(&policy));
+        // Written into this thread's reused buffers, as a check's are: only the concurrency
+        // leaves' identifiers are copied, into the lease, and only when it is admitted.
+        let mut written = Identifiers::take();
+        for leaf in &policy.leaves {
+            write_leaf(written.next(), &policy, leaf, selectors)?;
+        }
+        if policy.policy.penalty.is_some() {
+            write_penalty(written.next(), &policy, selectors)?;
+        }
+        let hit = hit(&policy, written.as_slice(), 1, counting(&policy));
         let id = LeaseId::random();
         let decision = self.store.acquire(&hit, id.0).await?;
         let lease = decision.allowed().then(|| {
-            let (identifiers, quotas) = policy
+            let mut parts = LeaseParts::spare();
+            let concurrent = policy
                 .leaves
                 .iter()
-                .zip(identifiers)
-                .filter(|(leaf, _)| leaf.leaf.is_concurrency())
-                .map(|(leaf, id)| (id, leaf.quota))
-                .unzip();
-            let parts = LeaseParts {
-                identifiers,
-                quotas,
-            };
+                .zip(written.as_slice())
+                .filter(|(leaf, _)| leaf.leaf.is_concurrency());
+            let mut held = 0;
+            for (leaf, identifier) in concurrent {
+                match parts.identifiers.get_mut(held) {
+                    Some(kept) => copy_identifier(kept, identifier),
+                    None => parts.identifiers.push(identifier.clone()),
+                }
+                parts.quotas.push(leaf.quota);
+                held += 1;
+            }
+            parts.identifiers.truncate(held);
+            parts.selectors = TokenSelectors::new(lease_names(&policy), selectors);
             Lease::new(id, self.store.clone(), parts)
         });
         Ok(Acquired {
@@ -117,6 +134,7 @@ impl Limiter {
                 policy.quotas.clone(),
                 taken_at,
                 estimate,
+                TokenSelectors::new(policy.penalty_names.iter().map(String::as_str), selectors),
             )
         });
         Ok(Reserved {
@@ -124,6 +142,114 @@ impl Limiter {
             reservation,
         })
     }
+}
+
+impl Limiter {
+    /// Rebuilds a lease from its [`Lease::token`], in this process or another on the same
+    /// store: to release or renew a lease taken elsewhere (the service hands tokens to its
+    /// clients). Unlike the guard [`Limiter::acquire`] returns, the rebuilt lease releases
+    /// nothing when dropped; call [`Lease::release`].
+    ///
+    /// A token that is not one, or that was taken under another policy, is an error; a
+    /// token of this policy whose lease is gone rebuilds, and its release answers
+    /// [`Released::NotHeld`](crate::lease::Released::NotHeld).
+    ///
+    /// ```
+    /// use sluice_limiter::{Limiter, MemoryStore, Policy};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .policy(Policy::new("export", "user:1 concurrent").unwrap())
+    ///     .build()
+    ///     .unwrap();
+    /// let lease = limiter.acquire("export", &[("user", "alice")]).await.unwrap().lease.unwrap();
+    /// let token = lease.token();
+    /// lease.forget(); // handed on as text
+    /// let lease = limiter.lease("export", &token).unwrap();
+    /// assert_eq!(lease.release().await.unwrap().name(), "released");
+    /// assert!(limiter.lease("export", "not a token").is_err());
+    /// # });
+    /// ```
+    pub fn lease<'p>(
+        &self,
+        policy: impl Into<PolicyArg<'p>>,
+        token: &str,
+    ) -> Result<Lease, TokenError> {
+        let (id, pairs) = parse_lease_token(token)?;
+        let policy = self.resolve(policy.into())?;
+        if !policy.concurrent {
+            return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()).into());
+        }
+        let names: Vec<&str> = lease_names(&policy).collect();
+        let selectors = token_selectors("lease", policy.name(), &names, &pairs)?;
+        let (mut identifiers, mut quotas) = (Vec::new(), Vec::new());
+        for leaf in policy.leaves.iter().filter(|l| l.leaf.is_concurrency()) {
+            let mut identifier = Identifier::default();
+            write_leaf(&mut identifier, &policy, leaf, &selectors)?;
+            identifiers.push(identifier);
+            quotas.push(leaf.quota);
+        }
+        let parts = LeaseParts {
+            identifiers,
+            quotas,
+            selectors: TokenSelectors::new(names, &selectors),
+        };
+        Ok(Lease::rebuilt(id, self.store.clone(), parts))
+    }
+
+    /// Rebuilds a reservation from its [`Reservation::token`], in this process or another
+    /// on the same store, to [`settle`](Reservation::settle) it there. Errors as
+    /// [`Limiter::lease`]. Tokens are not signed: whoever may call the limiter may settle.
+    pub fn reservation<'p>(
+        &self,
+        policy: impl Into<PolicyArg<'p>>,
+        token: &str,
+    ) -> Result<Reservation, TokenError> {
+        let (taken_at, estimate, pairs) = parse_reservation_token(token)?;
+        let policy = self.resolve(policy.into())?;
+        if policy.concurrent {
+            return Err(Error::ReserveConcurrency(policy.name().to_owned()).into());
+        }
+        let names: Vec<&str> = policy.penalty_names.iter().map(String::as_str).collect();
+        let selectors = token_selectors("reservation", policy.name(), &names, &pairs)?;
+        let mut identifiers = Vec::with_capacity(policy.leaves.len());
+        for leaf in &policy.leaves {
+            let mut identifier = Identifier::default();
+            write_leaf(&mut identifier, &policy, leaf, &selectors)?;
+            identifiers.push(identifier);
+        }
+        Ok(Reservation::new(
+            self.store.clone(),
+            identifiers,
+            policy.quotas.clone(),
+            taken_at,
+            estimate,
+            TokenSelectors::new(names, &selectors),
+        ))
+    }
+}
+
+/// The selector names of a policy's concurrency leaves, sorted, each once: what a lease
+/// token carries.
+fn lease_names(policy: &CompiledPolicy) -> impl Iterator<Item = &str> {
+    // On the stack: an acquire should not allocate for its token.
+    let mut names: smallvec::SmallVec<[&str; 4]> = policy
+        .leaves
+        .iter()
+        .filter(|l| l.leaf.is_concurrency())
+        .flat_map(|l| l.leaf.selector.names().iter().map(String::as_str))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.into_iter()
+}
+
+/// Makes `kept` a copy of `identifier` in the room it already has.
+fn copy_identifier(kept: &mut Identifier, identifier: &Identifier) {
+    let (before, group, _) = identifier.parts();
+    kept.clear();
+    kept.name_mut().push_str(identifier.as_str());
+    kept.set_group(before.len()..before.len() + group.len());
 }
 
 /// One identifier per leaf, then the penalty record's when the policy has one.
@@ -162,5 +288,50 @@ fn hit<'a>(
             penalty: policy.policy.penalty.as_ref(),
         },
         penalty_identifier: identifiers.get(leaves),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copied_identifier_keeps_its_group() {
+        let source = Identifier::grouped("sluice:jobs:user:", "alice", ":2~concurrent");
+        let mut kept = Identifier::grouped("x:", "a much longer group than alice", ":y");
+        copy_identifier(&mut kept, &source);
+        assert_eq!(kept, source);
+        assert_eq!(kept.group(), "alice");
+    }
+
+    /// Leases of rules with two concurrency leaves and with one, taken in turn on one
+    /// thread, reuse each other's dropped parts: each still releases exactly its own slots.
+    #[test]
+    fn reused_lease_parts_name_their_own_leaves() {
+        use crate::{MemoryStore, Policy, Released};
+
+        let limiter = Limiter::builder(MemoryStore::new())
+            .policy(Policy::new("two", "user:1 concurrent; team:1 concurrent").unwrap())
+            .policy(Policy::new("one", "team:1 concurrent").unwrap())
+            .build()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let alice = &[("user", "alice"), ("team", "red")];
+            let blue = &[("team", "blue")];
+            for _ in 0..3 {
+                let two = limiter.acquire("two", alice).await.unwrap().lease.unwrap();
+                assert_eq!(two.release().await.unwrap(), Released::Released);
+                let one = limiter.acquire("one", blue).await.unwrap().lease.unwrap();
+                assert!(limiter.acquire("one", blue).await.unwrap().lease.is_none());
+                assert_eq!(one.release().await.unwrap(), Released::Released);
+                let again = limiter.acquire("one", blue).await.unwrap();
+                assert!(again.lease.is_some(), "the one-leaf lease freed its slot");
+            }
+            // Every slot of the two-leaf rule is free again.
+            assert!(limiter.acquire("two", alice).await.unwrap().lease.is_some());
+        });
     }
 }

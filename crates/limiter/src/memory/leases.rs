@@ -1,8 +1,20 @@
 //! Concurrency leases and reservations in the memory store.
 //!
-//! Every step here runs like a compound rule's decision: the exclusive locks of the shards
-//! involved, taken in shard order, around the core's pure functions. A lease set is a cell
-//! like any other state, dropped once its last lease has expired.
+//! A lease set is a cell of its shard's table with a lock of its own
+//! ([`CellValue::Leases`]), dropped by a sweep once its last lease has expired. The common
+//! case, a rule of one concurrency leaf, acquires, releases and renews under the shard's
+//! shared lock and the set's lock: other identifiers of the shard do not wait, and the
+//! shard's exclusive lock (eight lock words, one per reader slot) is not taken twice per
+//! acquire + release. Every other step (compound rules, penalties, reservations, a set's
+//! first acquire) runs like a compound rule's decision: the exclusive locks of the shards
+//! involved, taken in shard order, around the core's pure functions. Holding a shard's
+//! exclusive lock excludes every holder of its shared lock, so it reaches the sets without
+//! taking their own locks, and both paths see one set.
+//!
+//! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread), acquire +
+//! release on the store: 1,158 instructions with the exclusive lock taken twice, 778 now,
+//! against 263 for `tokio::sync::Semaphore` (callgrind); in time, on a loaded 2-core
+//! machine, 132 ns to 103 ns (medians) against the semaphore's 24-29 ns, about 3x.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,7 +22,9 @@ use std::time::Duration;
 use sluice_core::algorithm::concurrency::{self, Released};
 use sluice_core::{Algorithm, Decision, PenaltyState, Quota, State, evaluate};
 
-use super::table::{self, CellValue};
+use parking_lot::Mutex;
+
+use super::table::{self, Cell, CellValue};
 use super::{Few, MemoryStore, put_cell, put_state, take_penalty, take_state};
 use crate::identifier::Identifier;
 use crate::store::{Hit, LeaseKeys, Settlement};
@@ -153,40 +167,72 @@ impl MemoryStore {
         })
     }
 
+    /// Runs `step` on the lease set of `id` under the shard's shared lock and the set's own
+    /// lock: `None`, having done nothing, when the shard holds no lease set for `id`.
+    fn in_place<R>(
+        &self,
+        id: &Identifier,
+        hash: u64,
+        step: impl FnOnce(&mut concurrency::Leases) -> R,
+    ) -> Option<R> {
+        let table = self.inner.shards[self.shard_of(hash)].read();
+        match table.cells.find(hash, |(k, _)| k == id.as_str()) {
+            Some((_, cell)) => match &cell.value {
+                CellValue::Leases(leases) => Some(step(&mut leases.lock())),
+                _ => None,
+            },
+            None => None,
+        }
+    }
+
     /// The common case, a rule of one concurrency leaf: the lease set is changed in place
-    /// under its shard's lock, with none of a compound rule's bookkeeping. An emptied set
-    /// stays in the table, expired, so the next acquire does not allocate it again.
+    /// under the shard's shared lock and the set's own, so acquires and releases on other
+    /// identifiers of the shard do not wait, and none of a compound rule's bookkeeping is
+    /// done. An emptied set stays in the table (expired, so a sweep may drop it), and the
+    /// next acquire does not allocate it again. Only the first acquire of an identifier
+    /// takes the shard's exclusive lock, to add the set.
     fn acquire_one(&self, id: &Identifier, quota: &Quota, lease: u64) -> Decision {
         let hash = self.hash(id);
-        let shard = &self.inner.shards[self.shard_of(hash)];
         let now = self.inner.clock.now();
-        let mut table = shard.write();
-        if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id.as_str())
-            && let CellValue::Leaf(State::Concurrency(leases)) = &mut cell.value
-        {
+        let step = |leases: &mut concurrency::Leases| {
             let expired = leases.drop_expired(now);
-            let verdict = concurrency::acquire(quota, leases, now, lease);
-            cell.expires_at = leases.expires_at();
-            drop(table);
-            if expired > 0 {
-                self.inner
-                    .leases_expired
-                    .fetch_add(expired, Ordering::Relaxed);
+            (expired, concurrency::acquire(quota, leases, now, lease))
+        };
+        let (expired, verdict) = match self.in_place(id, hash, step) {
+            Some(done) => done,
+            None => {
+                let mut table = self.inner.shards[self.shard_of(hash)].write();
+                match table.cells.find_mut(hash, |(k, _)| k == id.as_str()) {
+                    // Added by another acquire since the shared lock was let go.
+                    Some((
+                        _,
+                        Cell {
+                            value: CellValue::Leases(leases),
+                            ..
+                        },
+                    )) => step(leases.get_mut()),
+                    _ => {
+                        let mut leases = concurrency::Leases::default();
+                        let verdict = concurrency::acquire(quota, &mut leases, now, lease);
+                        let value = CellValue::Leases(Mutex::new(leases));
+                        let swept = put_cell(&mut table, hash, id, value, 0, self, now);
+                        drop(table);
+                        self.inner
+                            .expired
+                            .fetch_add(swept.expired, Ordering::Relaxed);
+                        self.inner
+                            .evictions
+                            .fetch_add(swept.evicted, Ordering::Relaxed);
+                        (0, verdict)
+                    }
+                }
             }
-            return Decision::from_verdict(&verdict, 0, quota.tick()).occupied();
+        };
+        if expired > 0 {
+            self.inner
+                .leases_expired
+                .fetch_add(expired, Ordering::Relaxed);
         }
-        let mut leases = concurrency::Leases::default();
-        let verdict = concurrency::acquire(quota, &mut leases, now, lease);
-        let expires_at = leases.expires_at();
-        let value = CellValue::Leaf(State::Concurrency(leases));
-        let swept = put_cell(&mut table, hash, id, value, expires_at, self, now);
-        drop(table);
-        self.inner
-            .expired
-            .fetch_add(swept.expired, Ordering::Relaxed);
-        self.inner
-            .evictions
-            .fetch_add(swept.evicted, Ordering::Relaxed);
         Decision::from_verdict(&verdict, 0, quota.tick()).occupied()
     }
 
@@ -195,17 +241,11 @@ impl MemoryStore {
         let now = self.inner.clock.now();
         if let [id] = leases.identifiers {
             // One leaf: release in place (an emptied set stays, expired, for the next acquire).
-            let hash = self.hash(id);
-            let mut table = self.inner.shards[self.shard_of(hash)].write();
-            let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id.as_str()) else {
-                return Released::NotHeld;
-            };
-            let CellValue::Leaf(State::Concurrency(held)) = &mut cell.value else {
-                return Released::NotHeld;
-            };
-            let found = concurrency::release(held, now, lease);
-            cell.expires_at = held.expires_at();
-            drop(table);
+            let found = self
+                .in_place(id, self.hash(id), |held| {
+                    concurrency::release(held, now, lease)
+                })
+                .unwrap_or(Released::NotHeld);
             if found == Released::Expired {
                 self.inner.leases_expired.fetch_add(1, Ordering::Relaxed);
             }
@@ -234,6 +274,13 @@ impl MemoryStore {
     /// [`Store::renew`](crate::Store::renew), synchronously.
     pub fn renew_now(&self, leases: &LeaseKeys<'_>, lease: u64) -> Option<Duration> {
         let now = self.inner.clock.now();
+        if let ([id], [quota]) = (leases.identifiers, leases.quotas) {
+            // One leaf: renew in place; no set, no lease to renew.
+            let renewed = self.in_place(id, self.hash(id), |held| {
+                concurrency::renew(quota, held, now, lease)
+            });
+            return renewed.flatten().map(|at| Duration::from_nanos(at - now));
+        }
         self.locked(leases.identifiers, leases.quotas, None, now, |step| {
             let mut left: Option<u64> = None;
             for (quota, state) in leases.quotas.iter().zip(step.states.iter_mut()) {
@@ -275,5 +322,103 @@ impl MemoryStore {
                 quota.settle(state, now, taken_at, reserved, actual);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::{Limiter, MemoryStore, Policy};
+
+    /// Threads take leases on one identifier, half through a one-leaf rule (the shard's
+    /// shared lock and the set's own) and half through a compound rule (the shard's
+    /// exclusive lock): both paths see one set, and never more than 3 are held.
+    #[test]
+    fn one_leaf_and_compound_acquires_share_one_exact_set() {
+        let limiter = Arc::new(
+            Limiter::builder(MemoryStore::new())
+                .policy(Policy::new("one", "x:3 concurrent").unwrap().key("jobs"))
+                .policy(
+                    Policy::new("two", "x:3 concurrent; x:1000000/s")
+                        .unwrap()
+                        .key("jobs"),
+                )
+                .build()
+                .unwrap(),
+        );
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+        };
+        let x = &[("x", "a")];
+        runtime().block_on(async {
+            let held: Vec<_> = [
+                limiter.acquire("one", x).await,
+                limiter.acquire("two", x).await,
+            ]
+            .into_iter()
+            .map(|a| a.unwrap().lease.expect("a free slot"))
+            .collect();
+            let third = limiter.acquire("one", x).await.unwrap();
+            assert_eq!(
+                third.checked.decision.remaining, 0,
+                "both paths hold in one set"
+            );
+            assert!(
+                !limiter
+                    .acquire("two", x)
+                    .await
+                    .unwrap()
+                    .checked
+                    .decision
+                    .allowed()
+            );
+            drop((held, third));
+        });
+
+        let (holding, most, admitted) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let threads: Vec<_> = (0..4)
+            .map(|thread| {
+                let (limiter, holding, most, admitted) = (
+                    limiter.clone(),
+                    holding.clone(),
+                    most.clone(),
+                    admitted.clone(),
+                );
+                std::thread::spawn(move || {
+                    runtime().block_on(async {
+                        for i in 0..3_000 {
+                            let policy = ["one", "two"][(thread + i) % 2];
+                            let acquired = limiter.acquire(policy, x).await.unwrap();
+                            if let Some(lease) = acquired.lease {
+                                let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                                most.fetch_max(now, Ordering::SeqCst);
+                                admitted.fetch_add(1, Ordering::SeqCst);
+                                std::thread::yield_now();
+                                holding.fetch_sub(1, Ordering::SeqCst);
+                                lease.release().await.unwrap();
+                            }
+                        }
+                    })
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert!(most.load(Ordering::SeqCst) <= 3);
+        assert!(admitted.load(Ordering::SeqCst) > 0);
+        let free = runtime().block_on(limiter.acquire("one", x)).unwrap();
+        assert_eq!(
+            free.checked.decision.remaining, 2,
+            "every lease was released"
+        );
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! Each shard is a table behind a reader-writer lock. A single-leaf GCRA hit, the hot path,
 //! takes the shared lock and updates the state word with compare-and-swap, so hits on any
-//! identifiers, the same one included, never wait for each other. Everything else (other
-//! algorithms, compound rules, penalties, new identifiers) takes the exclusive locks of the
-//! shards involved, in shard order, and so is one atomic step.
+//! identifiers, the same one included, never wait for each other. A one-leaf concurrency
+//! rule's acquire, release and renew take the shared lock too, then the lease set's own lock
+//! (see `leases.rs`). Everything else (other algorithms, compound rules, penalties, new
+//! identifiers) takes the exclusive locks of the shards involved, in shard order, and so is
+//! one atomic step.
 //!
 //! The shard lock's read side is sharded by thread (crossbeam's `ShardedLock`: eight locks,
 //! each on its own cache line; a reader takes its thread's, a writer all eight). With one
@@ -303,11 +305,17 @@ fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota
                 tat: word.load(Ordering::Acquire),
             };
         }
-    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id)
-        && let CellValue::Leaf(state) = &mut cell.value
-        && quota.fits(state)
-    {
-        return std::mem::replace(state, State::Gcra { tat: 0 });
+    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id) {
+        match &mut cell.value {
+            CellValue::Leaf(state) if quota.fits(state) => {
+                return std::mem::replace(state, State::Gcra { tat: 0 });
+            }
+            // The exclusive lock is held: nobody else can be inside the set's own lock.
+            CellValue::Leases(leases) if quota.algorithm() == Algorithm::Concurrency => {
+                return State::Concurrency(std::mem::take(leases.get_mut()));
+            }
+            _ => {}
+        }
     }
     quota.fresh_state()
 }
@@ -345,6 +353,15 @@ fn put_state(
             table.words.insert(hash, &probe, tat, &store.inner.hasher);
             swept
         }
+        State::Concurrency(leases) => put_cell(
+            table,
+            hash,
+            id,
+            CellValue::Leases(parking_lot::Mutex::new(leases)),
+            expires_at,
+            store,
+            now,
+        ),
         other => put_cell(
             table,
             hash,

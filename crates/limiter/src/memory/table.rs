@@ -13,6 +13,8 @@ use std::sync::atomic::AtomicU64;
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
+use parking_lot::Mutex;
+use sluice_core::algorithm::concurrency::Leases;
 use sluice_core::{PenaltyState, State};
 
 pub(crate) use super::words::{KeyHasher, Probe, Words};
@@ -21,6 +23,7 @@ pub(crate) use super::words::{KeyHasher, Probe, Words};
 #[derive(Debug)]
 pub(crate) struct Cell {
     pub(crate) value: CellValue,
+    /// Unused for a lease set, whose leases say when it expires (see [`Cell::expiry`]).
     pub(crate) expires_at: u64,
 }
 
@@ -28,6 +31,20 @@ pub(crate) struct Cell {
 pub(crate) enum CellValue {
     Leaf(State),
     Penalty(PenaltyState),
+    /// A concurrency leaf's leases behind a lock of their own: an acquire or release on
+    /// one leaf takes the shard's shared lock and this one, not the shard's exclusive lock
+    /// (see `leases.rs`). Under the exclusive lock, the set is reached without locking.
+    Leases(Mutex<Leases>),
+}
+
+impl Cell {
+    /// When the state is equivalent to fresh: a lease set once its last lease has expired.
+    pub(crate) fn expiry(&mut self) -> u64 {
+        match &mut self.value {
+            CellValue::Leases(leases) => leases.get_mut().expires_at(),
+            _ => self.expires_at,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -72,7 +89,7 @@ impl Table {
     pub(crate) fn drop_expired(&mut self, now: u64) -> u64 {
         let before = self.len();
         self.words.retain(|tat| tat > now);
-        self.cells.retain(|(_, c)| c.expires_at > now);
+        self.cells.retain(|(_, c)| c.expiry() > now);
         (before - self.len()) as u64
     }
 
@@ -91,7 +108,7 @@ impl Table {
         let mut expiries: Vec<u64> = self
             .words
             .values()
-            .chain(self.cells.iter().map(|(_, c)| c.expires_at))
+            .chain(self.cells.iter_mut().map(|(_, c)| c.expiry()))
             .collect();
         let evict = (cap / 8).max(self.len() + 1 - cap).min(expiries.len());
         let (_, &mut threshold, _) = expiries.select_nth_unstable(evict - 1);
@@ -109,7 +126,7 @@ impl Table {
         };
         let before = self.len();
         self.words.retain(&mut keep);
-        self.cells.retain(|(_, c)| keep(c.expires_at));
+        self.cells.retain(|(_, c)| keep(c.expiry()));
         swept.evicted = (before - self.len()) as u64;
         swept
     }

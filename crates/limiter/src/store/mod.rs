@@ -56,7 +56,8 @@ pub struct Settlement<'a> {
 ///
 /// Concurrency leases ([`Store::acquire`], [`Store::release`], [`Store::renew`]) and
 /// reservations ([`Store::reserve`], [`Store::settle`]) have default implementations that
-/// answer [`StoreError::Unsupported`]: in this phase only the memory store implements them.
+/// answer [`StoreError::Unsupported`], so a store of one's own may leave them out; every
+/// store of the workspace (memory, Redis, memcached, PostgreSQL) implements them.
 pub trait Store: Send + Sync + 'static {
     /// Decides `hit` and records it as its evaluation asks. Time is the store's own.
     fn decide(&self, hit: &Hit<'_>) -> impl Future<Output = Result<Decision, StoreError>> + Send;
@@ -150,9 +151,9 @@ pub enum StoreError {
     /// The store answered something we cannot use; retrying will not help.
     #[error("store protocol error: {0}")]
     Protocol(String),
-    /// The store does not do this (yet): concurrency leases and reservations, in this
-    /// phase, are the memory store's only. Retrying will not help.
-    #[error("{0} are not supported by this store yet (only by the memory store)")]
+    /// The store does not do this: concurrency leases and reservations on a store that
+    /// left them out. Retrying will not help.
+    #[error("{0} are not supported by this store")]
     Unsupported(String),
 }
 
