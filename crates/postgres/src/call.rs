@@ -19,7 +19,7 @@ const MAX_NUMBER: u64 = 1 << 61;
 
 /// The functions' number for `algorithm`. An algorithm they do not know is an error, never
 /// another algorithm's decision.
-fn algorithm_code(algorithm: Algorithm) -> Result<i64, PostgresError> {
+pub(crate) fn algorithm_code(algorithm: Algorithm) -> Result<i64, PostgresError> {
     match algorithm {
         Algorithm::Gcra => Ok(1),
         Algorithm::SlidingWindow => Ok(2),
@@ -39,7 +39,7 @@ fn recording_code(recording: Recording) -> i64 {
     }
 }
 
-fn number(n: u64, what: &str) -> Result<i64, PostgresError> {
+pub(crate) fn number(n: u64, what: &str) -> Result<i64, PostgresError> {
     if n > MAX_NUMBER {
         return Err(PostgresError::Unsupported(format!(
             "{what} {n} is above 2^61"
@@ -50,7 +50,7 @@ fn number(n: u64, what: &str) -> Result<i64, PostgresError> {
 
 /// A cost as a bigint: any cost above every capacity is decided alike, so the largest ones
 /// are clamped rather than refused.
-fn cost(cost: u64) -> i64 {
+pub(crate) fn cost(cost: u64) -> i64 {
     i64::try_from(cost).unwrap_or(i64::MAX)
 }
 
@@ -104,6 +104,15 @@ pub fn gcra_one_arguments(hit: &Hit<'_>) -> Result<Option<[i64; 5]>, PostgresErr
 
 /// `params` and `shape` of `decide`.
 pub fn arguments(hit: &Hit<'_>) -> Result<(Vec<i64>, String), PostgresError> {
+    arguments_coded(hit, algorithm_code)
+}
+
+/// `params` and `shape` as `decide` takes them, each leaf's algorithm numbered by `code`
+/// (`acquire` also knows concurrency).
+pub(crate) fn arguments_coded(
+    hit: &Hit<'_>,
+    code: fn(Algorithm) -> Result<i64, PostgresError>,
+) -> Result<(Vec<i64>, String), PostgresError> {
     let ev = &hit.evaluation;
     let mut shape = String::new();
     shape_text(ev.shape, &mut shape);
@@ -113,7 +122,7 @@ pub fn arguments(hit: &Hit<'_>) -> Result<(Vec<i64>, String), PostgresError> {
     params.push(ev.quotas.len() as i64);
     for quota in ev.quotas {
         let q = micro(quota)?;
-        params.push(algorithm_code(q.algorithm())?);
+        params.push(code(q.algorithm())?);
         params.push(number(q.limit(), "limit")?);
         params.push(number(q.window_ticks(), "window")?);
         params.push(number(q.interval_ticks(), "interval")?);

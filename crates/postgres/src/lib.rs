@@ -63,6 +63,32 @@
 //! `timeout_ms`) fails every hit in it with that error, for the failure mode to answer; a hit
 //! whose caller gave up before its batch left is never sent.
 
+//! # Concurrency leases and reservations
+//!
+//! [`Store::acquire`](sluice_limiter::Store::acquire), `release`, `renew`, `reserve` and
+//! `settle` are one call each of a function in `src/sql/leases.sql`, in its own
+//! transaction, under the same row locks in identifier order as a decision, with the clock
+//! read once they are held. `acquire` decides the rule's rate leaves as `decide` does and, in
+//! each concurrency leaf, drops the expired leases, counts the others and adds the new one:
+//! no interleaving of acquires, from any number of servers, holds more than N. Its answers are
+//! the memory store's (checked step by step against it, and against the shared
+//! concurrency vectors). A concurrency leaf's leases live in its row as `{id, expires_at, ...}`
+//! pairs with the latest expiry as the row's `expires_at`, so the cleaner deletes the row
+//! once every lease in it has expired: an abandoned lease needs nothing but time. Each step
+//! reads and rewrites the whole set, 16 bytes a lease: cheap for counts in the tens or
+//! hundreds, a large array rewritten per step for counts in the thousands.
+//!
+//! `reserve` is `decide` plus the database's time of the step (in nanoseconds since the Unix
+//! epoch, as the memory store's clock counts; microseconds underneath), which `settle` takes
+//! back to charge the difference between the estimate and the actual cost
+//! (`sluice_core::algorithm::settle`, translated): never refused.
+//!
+//! Measured (`cargo bench -p sluice-postgres --bench leases`, 50 callers, pool of 16, a
+//! 2-core machine shared with the server): 1,904 acquire + release pairs a second on one key
+//! and 3,708 on 10,000 keys, beside 27,853 and 23,146 batched GCRA checks in the same run.
+//! Each lease step is a transaction of its own (no batching), about what an unbatched
+//! decision costs, so a pair costs 6 to 15 batched checks.
+
 //! # Schema, expiry, failures
 //!
 //! At start the store creates or upgrades its schema in one transaction under
@@ -99,6 +125,8 @@ pub mod call;
 mod cleaner;
 mod client;
 mod error;
+#[doc(hidden)]
+pub mod leases;
 #[doc(hidden)]
 pub mod migrate;
 mod store;

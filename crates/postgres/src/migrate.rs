@@ -10,7 +10,8 @@ use crate::PostgresError;
 /// The algorithms and the decision functions, with `__S__` standing for the schema.
 const FUNCTIONS: &str = concat!(
     include_str!("sql/algorithms.sql"),
-    include_str!("sql/decide.sql")
+    include_str!("sql/decide.sql"),
+    include_str!("sql/leases.sql")
 );
 
 /// Table migrations in order; version N is `MIGRATIONS[N - 1]`. Never edit one that has
@@ -24,6 +25,13 @@ const MIGRATIONS: &[&str] = &[
         v bigint[] NOT NULL,
         expires_at bigint NOT NULL
     ) WITH (fillfactor = 70)",
+    // 2: concurrency leases (sql/leases.sql). A concurrency leaf's row holds its lease set
+    // in `v` and its latest expiry in `expires_at`, so the cleaner needs nothing new; the
+    // version marks that rows may hold lease sets, which a sluice older than this one does
+    // not know (it refuses the schema rather than run beside this one's functions).
+    "COMMENT ON TABLE __S__.counters IS
+        'sluice: one row per identifier: a rate state, a penalty record, or a lease set \
+         {id, expires_at, ...} (see the functions'' comments)'",
 ];
 
 /// The SQL text of the functions for `schema`.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use sluice_core::Decision;
-use sluice_limiter::{Hit, Identifier, Store, StoreError};
+use sluice_core::algorithm::concurrency::Released;
+use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 use tokio_postgres::NoTls;
 
 use crate::batch::{Batcher, rolled_back};
@@ -164,6 +165,10 @@ impl PostgresStore {
         &self.inner.schema
     }
 
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
     /// One `SELECT 1` through the pool, within the store's timeout: the floor under a
     /// decision's round trip (the benchmark compares the two).
     pub async fn round_trip(&self) -> Result<(), PostgresError> {
@@ -261,6 +266,35 @@ impl PostgresStore {
 impl Store for PostgresStore {
     async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
         Ok(self.within_timeout(self.decide_once(hit)).await?)
+    }
+
+    /// One call of `SCHEMA.acquire(...)` (see [`crate::leases`]).
+    async fn acquire(&self, hit: &Hit<'_>, lease: u64) -> Result<Decision, StoreError> {
+        Ok(self.within_timeout(self.acquire_once(hit, lease)).await?)
+    }
+
+    async fn release(&self, leases: &LeaseKeys<'_>, lease: u64) -> Result<Released, StoreError> {
+        Ok(self
+            .within_timeout(self.release_once(leases, lease))
+            .await?)
+    }
+
+    async fn renew(
+        &self,
+        leases: &LeaseKeys<'_>,
+        lease: u64,
+    ) -> Result<Option<Duration>, StoreError> {
+        Ok(self.within_timeout(self.renew_once(leases, lease)).await?)
+    }
+
+    /// The decision and the database's time of the step in nanoseconds since the Unix
+    /// epoch (microseconds, PostgreSQL's resolution, times 1,000).
+    async fn reserve(&self, hit: &Hit<'_>) -> Result<(Decision, u64), StoreError> {
+        Ok(self.within_timeout(self.reserve_once(hit)).await?)
+    }
+
+    async fn settle(&self, settlement: &Settlement<'_>) -> Result<(), StoreError> {
+        Ok(self.within_timeout(self.settle_once(settlement)).await?)
     }
 
     async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {

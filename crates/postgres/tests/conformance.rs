@@ -1,5 +1,6 @@
 //! The store conformance suite, unchanged, on a real PostgreSQL: one server per case, and
-//! the whole suite once more on an `UNLOGGED` table in a schema of its own.
+//! the whole suite once more on an `UNLOGGED` table in a schema of its own; then the
+//! concurrency and reservation cases.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -55,6 +56,13 @@ mod one_server {
     use super::Clients;
 
     sluice_limiter::conformance_tests!(Clients::one().await);
+}
+
+/// Concurrency leases and reservations: the cases every store that has them runs.
+mod leases {
+    use super::Clients;
+
+    sluice_limiter::concurrency_conformance_tests!(Clients::one().await);
 }
 
 #[test]

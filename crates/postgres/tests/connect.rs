@@ -78,7 +78,7 @@ async fn servers_starting_at_once_share_one_migration() {
             .psql("SELECT value FROM shared.meta WHERE name = 'schema_version'")
             .unwrap()
             .trim(),
-        "1"
+        "2"
     );
     // They share one limit.
     let mut admitted = 0;
