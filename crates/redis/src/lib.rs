@@ -35,11 +35,40 @@
 //!   once instead of on every call; the library is loaded again when a server has lost it
 //!   (restart, failover, `FUNCTION FLUSH`), and a server without Functions (before Redis 7)
 //!   or that refuses them is sent the same script by EVALSHA.
+//!
+//! Concurrency leases and reservations (see `src/leases.rs`), each one script call with
+//! Redis's clock:
+//! - **acquire** (`src/lua/leases.lua`): drops the expired leases of each concurrency leaf,
+//!   decides the rule's rate leaves exactly as a check, and when the rule admits adds the
+//!   lease to every concurrency leaf, all in one script. A lease set is a sorted set per
+//!   concurrency identifier, keyed like any leaf (`ns:export:user:{alice}:...concurrent`):
+//!   member the lease id, score its expiry in microseconds. The key's expiry (`PEXPIRE`) is
+//!   its latest lease's, so the set of holders that all vanished goes by itself; a release
+//!   removes its member and leaves the expiry, so a set outlives its last lease by at most
+//!   one lease time. A denial by a concurrency leaf is `Denial::Occupied`, `retry_after` the
+//!   time until enough leases expire.
+//! - **release** and **renew**: one call per Cluster slot of the lease's sets (one call for
+//!   any rule whose concurrency leaves share a selector, and always on a standalone server).
+//!   A release answers `Expired` for a lease past its expiry while its set still holds it;
+//!   once every lease of a set has expired Redis has dropped the key, and it answers
+//!   `NotHeld`.
+//! - **reserve** runs the decision script and answers Redis's time too; **settle** charges
+//!   the difference (`src/lua/reservations.lua`, the core's `settle`), one call per slot,
+//!   never refused.
+//!
+//! On a Cluster the slot rules are those of rates: a rule whose leaves share a selector, and
+//! every `and` rule, is one script in one slot; an `or` whose leaves name different
+//! selectors (`ip:10/m; user:3 concurrent`) takes its lease slot by slot, as `src/split.rs`
+//! decides rates (each concurrency leaf holds the lease where it admits; a denial gives it
+//! back). A reservation across slots is refused with an error: its settlement needs one
+//! time. Costs (`cargo bench -p sluice-redis --bench leases`) are in the README's "Leases
+//! on Redis".
 
 #![forbid(unsafe_code)]
 
 mod batch;
 mod error;
+mod leases;
 // Public only for this crate's tests, which run the Lua algorithms against the shared
 // vectors; not part of the API.
 #[doc(hidden)]

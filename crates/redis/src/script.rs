@@ -45,6 +45,7 @@ impl Lua {
 pub static DECIDE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
         include_str!("lua/decide.lua")
     ))
     .in_library("decide")
@@ -54,45 +55,115 @@ pub static DECIDE: LazyLock<Lua> = LazyLock::new(|| {
 pub static SPLIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
         include_str!("lua/split.lua")
     ))
     .in_library("split")
 });
 
-/// [`DECIDE`] and [`SPLIT`] as one Redis 7 Function library, loaded once per server
+/// Takes a lease: the rule decided and the lease held in its concurrency leaves, in one
+/// step (`acquire` in leases.lua).
+pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
+        include_str!("lua/acquire.lua")
+    ))
+    .in_library("acquire")
+});
+
+/// Releases a lease in the lease sets of one slot (`release` in leases.lua).
+pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
+        include_str!("lua/release.lua")
+    ))
+    .in_library("release")
+});
+
+/// Renews a lease in the lease sets of one slot (`renew` in leases.lua).
+pub static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
+        include_str!("lua/renew.lua")
+    ))
+    .in_library("renew")
+});
+
+/// Decides a reservation and answers Redis's time of it (`reserve` in reservations.lua).
+pub static RESERVE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
+        include_str!("lua/reservations.lua"),
+        include_str!("lua/reserve.lua")
+    ))
+    .in_library("reserve")
+});
+
+/// Settles a reservation in the leaves of one slot (`settle` in reservations.lua).
+pub static SETTLE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/algorithms.lua"),
+        include_str!("lua/leases.lua"),
+        include_str!("lua/reservations.lua"),
+        include_str!("lua/settle.lua")
+    ))
+    .in_library("settle")
+});
+
+/// The library's shared text: the algorithms, leases and reservations.
+const LIBRARY_BODY: &str = concat!(
+    include_str!("lua/algorithms.lua"),
+    include_str!("lua/leases.lua"),
+    include_str!("lua/reservations.lua")
+);
+
+/// Each function of [`LIBRARY`]: its name and its entry's text.
+const ENTRIES: [(&str, &str); 7] = [
+    ("decide", include_str!("lua/decide.lua")),
+    ("split", include_str!("lua/split.lua")),
+    ("acquire", include_str!("lua/acquire.lua")),
+    ("release", include_str!("lua/release.lua")),
+    ("renew", include_str!("lua/renew.lua")),
+    ("reserve", include_str!("lua/reserve.lua")),
+    ("settle", include_str!("lua/settle.lua")),
+];
+
+/// Every script above as one Redis 7 Function library, loaded once per server
 /// (`FUNCTION LOAD`) and called by name (`FCALL`). EVALSHA runs a script's whole text on
 /// every call, so the library of algorithms was defined anew for each decision; a function
 /// defines it once, at load. Measured in `benches/throughput.rs`: about 3.5 µs less Redis
 /// CPU per call of the full script (12.5 against 16.0 µs at pipeline depth 16).
 ///
-/// The text is algorithms.lua and the two entries unchanged: `run` and split.lua read
+/// The text is the shared Lua and the entries unchanged: `run` and the entries read
 /// `KEYS` and `ARGV`, which a function receives as arguments, so the library declares them
 /// as locals that each function sets before it runs. Names carry a hash of the text, so
 /// servers shared by several sluice versions hold each version's library side by side.
 pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let (algorithms, decide, split) = (
-        include_str!("lua/algorithms.lua"),
-        include_str!("lua/decide.lua"),
-        include_str!("lua/split.lua"),
-    );
-    let hash = redis::Script::new(&format!("{algorithms}{decide}{split}"))
-        .get_hash()
-        .to_owned();
+    let mut all = LIBRARY_BODY.to_owned();
+    for (_, entry) in ENTRIES {
+        all.push_str(entry);
+    }
+    let hash = redis::Script::new(&all).get_hash().to_owned();
     let tag = hash[..16].to_owned();
-    let source = format!(
+    let mut source = format!(
         "#!lua name=sluice_{tag}\n\
-         -- sluice's decision scripts as functions; KEYS and ARGV are set by each call.\n\
+         -- sluice's scripts as functions; KEYS and ARGV are set by each call.\n\
          local KEYS, ARGV\n\
-         {algorithms}\n\
-         redis.register_function('sluice_decide_{tag}', function(keys, args)\n\
-         KEYS, ARGV = keys, args\n\
-         {decide}\n\
-         end)\n\
-         redis.register_function('sluice_split_{tag}', function(keys, args)\n\
-         KEYS, ARGV = keys, args\n\
-         {split}\n\
-         end)\n"
+         {LIBRARY_BODY}\n"
     );
+    for (name, entry) in ENTRIES {
+        let _ = write!(
+            source,
+            "redis.register_function('sluice_{name}_{tag}', function(keys, args)\n\
+             KEYS, ARGV = keys, args\n\
+             {entry}\n\
+             end)\n"
+        );
+    }
     Library { tag, source }
 });
 
@@ -105,6 +176,10 @@ pub struct Library {
 
 /// The Lua library alone, for test entry points that pass `now` themselves.
 pub const ALGORITHMS_LUA: &str = include_str!("lua/algorithms.lua");
+
+/// The algorithms with leases and reservations, for test entry points that pass `now`
+/// themselves (`acquire(now, lease)`, `release(now)`, `renew(now)`, `settle(now)`).
+pub const LEASES_LUA: &str = LIBRARY_BODY;
 
 /// The lean script for one GCRA leaf without a penalty, the most common hit, deciding a
 /// batch of such hits in order: the writes of [`DECIDE`] for that shape without rebuilding
@@ -127,6 +202,7 @@ pub(crate) fn algorithm_code(algorithm: Algorithm) -> Result<u8, RedisError> {
         Algorithm::SlidingWindow => Ok(2),
         Algorithm::SlidingLog => Ok(3),
         Algorithm::FixedWindow => Ok(4),
+        Algorithm::Concurrency => Ok(5),
         other => Err(RedisError::Unsupported(format!(
             "the Redis store has no script for algorithm `{other}`"
         ))),

@@ -26,8 +26,8 @@
 use std::collections::BTreeMap;
 
 use sluice_core::decision::ticks;
-use sluice_core::{Decision, Denial, Recording, Retry, Verdict, decide_verdicts};
-use sluice_limiter::Hit;
+use sluice_core::{Algorithm, Decision, Denial, Recording, Retry, Verdict, decide_verdicts};
+use sluice_limiter::{Hit, LeaseKeys};
 
 use crate::RedisError;
 use crate::script::{SPLIT, TICK_NS, micro};
@@ -93,12 +93,20 @@ fn penalty_args(hit: &Hit<'_>) -> Vec<String> {
         .collect()
 }
 
-/// Decides `hit` across slots (see the module documentation).
+/// Decides `hit` across slots (see the module documentation). With `lease` (an acquire),
+/// each concurrency leaf holds the lease where it admits, as a reservation; a denied
+/// acquire then releases it.
 pub async fn decide_across_slots(
     store: &RedisStore,
     hit: &Hit<'_>,
+    lease: Option<u64>,
 ) -> Result<Decision, RedisError> {
     let ev = &hit.evaluation;
+    if lease.is_some() && ev.recording == Recording::Never {
+        return Err(RedisError::Unsupported(
+            "an acquire that records nothing across cluster slots".into(),
+        ));
+    }
     if ev.shape.has_and() {
         return Err(RedisError::Unsupported(
             "an `and` rule across cluster slots: give its leaves a common selector or hash tag"
@@ -140,10 +148,12 @@ pub async fn decide_across_slots(
     let mut reserved: Vec<(Vec<usize>, u64)> = Vec::new();
     let mut denied_leaves: Vec<usize> = Vec::new();
     for leaves in groups.values() {
+        let mut args = leaf_args(hit, leaves, token)?;
+        args.extend(lease.map(|id| id.to_string()));
         let call = Call {
             mode,
             keys: keys_of(hit, leaves),
-            args: leaf_args(hit, leaves, token)?,
+            args,
         };
         let reply: Vec<i64> = store.split_call(call).await?;
         if reply.len() != 1 + leaves.len() * 6 {
@@ -212,6 +222,25 @@ pub async fn decide_across_slots(
                     })
                     .await?;
             }
+        }
+    }
+
+    if let Some(id) = lease.filter(|_| !decision.allowed()) {
+        // Denied: the leases held as reservations go (kept ones included, when the policy
+        // counts denied attempts: those count the rate leaves only).
+        let held: Vec<usize> = reserved
+            .iter()
+            .flat_map(|(leaves, _)| leaves.iter().copied())
+            .filter(|&i| ev.quotas[i].algorithm() == Algorithm::Concurrency)
+            .collect();
+        if !held.is_empty() {
+            let identifiers: Vec<_> = held.iter().map(|&i| hit.identifiers[i].clone()).collect();
+            let quotas: Vec<_> = held.iter().map(|&i| ev.quotas[i]).collect();
+            let keys = LeaseKeys {
+                identifiers: &identifiers,
+                quotas: &quotas,
+            };
+            store.release_lease(&keys, id).await?;
         }
     }
 

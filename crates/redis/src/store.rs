@@ -9,7 +9,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ServerErrorKind};
 use sluice_core::Decision;
-use sluice_limiter::{Hit, Identifier, Store, StoreError};
+use sluice_core::algorithm::concurrency::Released;
+use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
 use crate::batch::{Batcher, Pending, gone};
@@ -491,7 +492,7 @@ pub fn one_slot(hit: &Hit<'_>) -> bool {
 impl Store for RedisStore {
     async fn decide(&self, hit: &Hit<'_>) -> Result<Decision, StoreError> {
         if self.is_cluster() && !one_slot(hit) {
-            return crate::split::decide_across_slots(self, hit)
+            return crate::split::decide_across_slots(self, hit, None)
                 .await
                 .map_err(StoreError::from);
         }
@@ -500,5 +501,29 @@ impl Store for RedisStore {
 
     async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         Ok(self.delete(identifiers).await?)
+    }
+
+    async fn acquire(&self, hit: &Hit<'_>, lease: u64) -> Result<Decision, StoreError> {
+        Ok(self.acquire_lease(hit, lease).await?)
+    }
+
+    async fn release(&self, leases: &LeaseKeys<'_>, lease: u64) -> Result<Released, StoreError> {
+        Ok(self.release_lease(leases, lease).await?)
+    }
+
+    async fn renew(
+        &self,
+        leases: &LeaseKeys<'_>,
+        lease: u64,
+    ) -> Result<Option<Duration>, StoreError> {
+        Ok(self.renew_lease(leases, lease).await?)
+    }
+
+    async fn reserve(&self, hit: &Hit<'_>) -> Result<(Decision, u64), StoreError> {
+        Ok(self.reserve_hit(hit).await?)
+    }
+
+    async fn settle(&self, settlement: &Settlement<'_>) -> Result<(), StoreError> {
+        Ok(self.settle_reservation(settlement).await?)
     }
 }

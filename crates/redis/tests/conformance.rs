@@ -1,9 +1,10 @@
 //! The store conformance suite, unchanged, on real Redis: a standalone server (one per case)
-//! and a 3-master Cluster (one for the whole suite).
+//! and a 3-master Cluster (one for the whole suite); the rate cases, then the concurrency
+//! cases (leases and reservations).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use sluice_limiter::conformance::{StoreFactory, block_on, run_all};
+use sluice_limiter::conformance::{StoreFactory, block_on, run_all, run_all_concurrency};
 use sluice_redis::RedisStore;
 use sluice_testkit::{RedisCluster, RedisServer};
 
@@ -52,6 +53,12 @@ mod standalone {
     sluice_limiter::conformance_tests!(Clients::standalone().await);
 }
 
+mod standalone_concurrency {
+    use super::Clients;
+
+    sluice_limiter::concurrency_conformance_tests!(Clients::standalone().await);
+}
+
 #[test]
 fn cluster_runs_the_whole_suite() {
     let cluster = RedisCluster::start(3).expect("redis cluster");
@@ -59,6 +66,17 @@ fn cluster_runs_the_whole_suite() {
     block_on("cluster", async move {
         let clients = Clients::on(&url, None).await;
         run_all(&clients).await;
+    });
+    drop(cluster);
+}
+
+#[test]
+fn cluster_runs_the_concurrency_suite() {
+    let cluster = RedisCluster::start(3).expect("redis cluster");
+    let url = cluster.url();
+    block_on("cluster concurrency", async move {
+        let clients = Clients::on(&url, None).await;
+        run_all_concurrency(&clients).await;
     });
     drop(cluster);
 }

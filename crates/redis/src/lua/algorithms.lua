@@ -12,6 +12,7 @@
 --   sliding-log     zset    one member per unit of cost, scored by its time:
 --                           "<time>:<token>:<leaf>:<n>"
 --   penalty         string  "<strikes>:<until>:<last_strike>"
+--   concurrency     zset    lease id -> expiry (see leases.lua, appended to this file)
 
 local NOW, NEVER = -1, -2          -- retry codes; any value >= 0 is "after that many ticks"
 local GCRA, SLIDING_WINDOW, SLIDING_LOG, FIXED_WINDOW = 1, 2, 3, 4
@@ -408,12 +409,14 @@ local function decide(shape, quotas, states, now, cost)
            retry_after = -1, denial = DENIAL_NONE, leaf = root.remaining_leaf }
 end
 
--- Reads the request (KEYS, ARGV) and decides it at `now`, atomically.
+-- Reads the request (KEYS, ARGV) and decides it at `now`, atomically. With `lease` (a lease
+-- id, from `acquire` in leases.lua), the concurrency leaves drop their expired leases first
+-- and, when the rule admits the hit, each holds the lease.
 --
 -- ARGV: cost, recording (0 admitted, 1 always, 2 never), shape, token, leaf count, then six
 -- numbers per leaf (algorithm, limit, window, interval, burst, windows), then, when KEYS holds
 -- one more key than there are leaves (the penalty record), base, factor, max, forget_after.
-local function run(now)
+local function run(now, lease)
   local cost, recording = tonumber(ARGV[1]), tonumber(ARGV[2])
   local shape, token, count = parse_shape(ARGV[3]), ARGV[4], tonumber(ARGV[5])
   local quotas, states = {}, {}
@@ -424,6 +427,7 @@ local function run(now)
     q.sub = ceildiv(q.window, q.windows)
     quotas[i] = q
     states[i] = ALGORITHMS[q.alg].load(KEYS[i + 1], q)
+    if lease and ALGORITHMS[q.alg].drop then ALGORITHMS[q.alg].drop(KEYS[i + 1], now) end
   end
   local penalty, record_p = nil, nil
   if #KEYS > count then
@@ -452,6 +456,15 @@ local function run(now)
     end
     for i = 0, count - 1 do
       ALGORITHMS[quotas[i].alg].save(KEYS[i + 1], quotas[i], states[i], now)
+    end
+  end
+  if lease and d.allowed then
+    for i = 0, count - 1 do
+      local algo = ALGORITHMS[quotas[i].alg]
+      if algo.hold then
+        algo.hold(quotas[i], KEYS[i + 1], now, lease)
+        algo.save(KEYS[i + 1], quotas[i], states[i], now)
+      end
     end
   end
   if penalty and d.denial == DENIAL_LIMITED and recording ~= 2 then

@@ -1,10 +1,13 @@
 -- Entry point for a rule whose keys fall in several cluster slots: one call per slot.
 --
 -- ARGV: mode, cost, token, leaf count, then seven numbers per leaf (its index in the rule and
--- the six quota numbers of `run`), then for `undo` the reservation time, and for penalty
--- modes base, factor, max, forget_after. KEYS: the leaves' keys (or the penalty record).
+-- the six quota numbers of `run`), then for `reserve` of an acquire the lease id, for `undo`
+-- the reservation time (and the lease id of an acquire), and for penalty modes base,
+-- factor, max, forget_after. KEYS: the leaves' keys (or the penalty record).
 --
---   reserve  judge each leaf; record the hit where the leaf admits it (a reservation).
+--   reserve  judge each leaf; record the hit where the leaf admits it (a reservation); with
+--            a lease id, a concurrency leaf drops its expired leases first and holds the
+--            lease where it admits.
 --   judge    the same without reserving (a peek).
 --            Returns now, then per leaf: allowed, limit, remaining, reset_after, retry, reserved.
 --   commit   record the hit in every leaf given (admitted `and`, counted denials).
@@ -36,13 +39,16 @@ end
 
 if mode == 'reserve' or mode == 'judge' then
   local out = { now }
+  local lease = ARGV[5 + count * 7]
   for _, leaf in ipairs(leaves) do
     local algo = ALGORITHMS[leaf.q.alg]
     local st = algo.load(leaf.key, leaf.q)
+    if lease and algo.drop then algo.drop(leaf.key, now) end
     local v = algo.verdict(leaf.q, st, now, cost)
     local reserved = 0
     if v.allowed and cost > 0 and mode == 'reserve' then
       algo.record(leaf.q, st, now, cost, token, leaf.index)
+      if lease and algo.hold then algo.hold(leaf.q, leaf.key, now, lease) end
       algo.save(leaf.key, leaf.q, st, now)
       reserved = 1
     end
@@ -65,7 +71,10 @@ elseif mode == 'undo' then
   local at = tonumber(ARGV[5 + count * 7])
   for _, leaf in ipairs(leaves) do
     local q, key = leaf.q, leaf.key
-    if q.alg == GCRA then
+    if q.alg == CONCURRENCY then
+      local lease = ARGV[6 + count * 7]
+      if lease then redis.call('ZREM', key, lease) end
+    elseif q.alg == GCRA then
       local st = gcra.load(key)
       st.tat = st.tat - cost * q.interval
       gcra.save(key, q, st, now)

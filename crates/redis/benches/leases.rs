@@ -1,0 +1,207 @@
+//! Concurrency leases on Redis: acquire + release pairs per second on one key, beside the
+//! rate check (one GCRA leaf, the store's batched path) and a rate check through the full
+//! decision script (one sliding-window leaf, one script call per check, as an acquire is)
+//! on the same redis-server in the same run; 50 concurrent callers over the store's one
+//! multiplexed connection, 3 alternating rounds, medians. Redis CPU per operation is the redis-server's user + system time
+//! (`/proc/PID/stat`) over the operations made; the server is pinned to one core when
+//! `taskset` exists. Target: an acquire + release costs at most 2 rate checks.
+//! Run: `cargo bench -p sluice-redis --bench leases`.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
+use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
+use sluice_redis::RedisStore;
+use sluice_testkit::RedisServer;
+use sluice_testkit::bench::{OneLeaf, decisions_per_second, median};
+
+const CALLERS: usize = 50;
+const ROUND: Duration = Duration::from_secs(3);
+const ROUNDS: usize = 3;
+
+/// The redis-server's CPU time so far (user + system), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let ticks = |i: usize| fields[i].parse::<f64>().unwrap();
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Acquire + release pairs per second from `callers` tasks on one lease set of `quota`.
+async fn pairs_per_second(
+    store: &RedisStore,
+    quota: Quota,
+    id: Identifier,
+    callers: usize,
+    round: Duration,
+) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for caller in 0..callers {
+        let (store, stop, done, id) = (store.clone(), stop.clone(), done.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            let rule = OneLeaf::new(quota);
+            let ids = [id];
+            let quotas = [quota];
+            let keys = LeaseKeys {
+                identifiers: &ids,
+                quotas: &quotas,
+            };
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let lease = ((caller as u64) << 40) | n;
+                n += 1;
+                let decision = store
+                    .acquire(&rule.hit(&ids), lease)
+                    .await
+                    .expect("acquire");
+                assert!(decision.allowed(), "one slot per caller is free");
+                let released = store.release(&keys, lease).await.expect("release");
+                assert_eq!(released, Released::Released);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(round).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("a caller panicked");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Operations per second and Redis CPU microseconds per operation, one per round.
+#[derive(Default)]
+struct Rounds {
+    per_s: Vec<f64>,
+    cpu_us: Vec<f64>,
+}
+
+impl Rounds {
+    fn push(&mut self, per_s: f64, seconds: f64, cpu: f64) {
+        self.per_s.push(per_s);
+        self.cpu_us.push(cpu * 1e6 / (per_s * seconds));
+    }
+
+    fn medians(&self) -> (f64, f64) {
+        (median(self.per_s.clone()), median(self.cpu_us.clone()))
+    }
+}
+
+fn main() {
+    let redis = RedisServer::start().expect("redis-server (apt-get install redis-server)");
+    let pid = redis.pid().expect("redis-server's pid");
+    let pinned = Command::new("taskset")
+        .args(["-cp", "1", &pid.to_string()])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    println!("redis-server pid {pid}, pinned to core 1: {pinned}");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A generous timeout: a loaded machine's slow answer must not end the run.
+    let store = runtime
+        .block_on(
+            RedisStore::builder(&redis.url())
+                .timeout(Duration::from_secs(5))
+                .connect(),
+        )
+        .expect("connect");
+
+    // A rate no caller reaches, and a lease set with a slot for every caller.
+    let rate = Rate::new(1_000_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
+    let check_quota = Quota::gcra(rate, None).unwrap();
+    let check_keys = Arc::new(vec![[Identifier::grouped(
+        "bench:check:k:",
+        "one",
+        ":1e9/s",
+    )]]);
+    let lease = Span::new(60, Unit::Second).unwrap();
+    // A slot for every caller (`SLUICE_BENCH_SLOTS=N` for more).
+    let slots = std::env::var("SLUICE_BENCH_SLOTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(64u64)
+        .max(CALLERS as u64);
+    let leaf = Leaf::concurrent(slots, Some(lease)).unwrap();
+    let lease_quota = Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap();
+    let lease_key = Identifier::grouped("bench:leases:job:", "one", ":concurrent");
+    println!("acquire + release on a leaf of {slots} slots");
+
+    let mut window = Leaf::new(rate);
+    window.options.algorithm = Some(Algorithm::SlidingWindow);
+    let full_quota = Quota::from_leaf(&window, Algorithm::Gcra).unwrap();
+    let full_keys = Arc::new(vec![[Identifier::grouped(
+        "bench:full:k:",
+        "one",
+        ":1e9/s",
+    )]]);
+
+    let mut rounds = [Rounds::default(), Rounds::default(), Rounds::default()];
+    for round in 0..ROUNDS {
+        // Rotate which goes first, so a drift of the shared machine hits all alike.
+        for n in 0..3 {
+            let which = (n + round) % 3;
+            let cpu = cpu_seconds(pid);
+            let started = Instant::now();
+            if which < 2 {
+                let (quota, keys) = if which == 0 {
+                    (check_quota, check_keys.clone())
+                } else {
+                    (full_quota, full_keys.clone())
+                };
+                let rate =
+                    runtime.block_on(decisions_per_second(&store, quota, keys, CALLERS, ROUND));
+                let seconds = started.elapsed().as_secs_f64();
+                rounds[which].push(rate, seconds, cpu_seconds(pid) - cpu);
+            } else {
+                let rate = runtime.block_on(pairs_per_second(
+                    &store,
+                    lease_quota,
+                    lease_key.clone(),
+                    CALLERS,
+                    ROUND,
+                ));
+                let seconds = started.elapsed().as_secs_f64();
+                rounds[2].push(rate, seconds, cpu_seconds(pid) - cpu);
+            }
+        }
+        let last = |r: &Rounds| r.per_s.last().copied().unwrap_or(0.0);
+        println!(
+            "round {}: rate checks {:.0}/s, full-script checks {:.0}/s, acquire+release {:.0}/s",
+            round + 1,
+            last(&rounds[0]),
+            last(&rounds[1]),
+            last(&rounds[2])
+        );
+    }
+    let [
+        (check_rate, check_cpu),
+        (full_rate, full_cpu),
+        (pair_rate, pair_cpu),
+    ] = rounds.map(|r| r.medians());
+    println!("medians of {ROUNDS} rounds, {CALLERS} callers, one key each, same redis-server:");
+    println!(
+        "  rate check (1 GCRA leaf, batched)    {check_rate:>8.0}/s  {check_cpu:>6.2} us Redis CPU each"
+    );
+    println!(
+        "  full-script check (1 sliding window) {full_rate:>8.0}/s  {full_cpu:>6.2} us Redis CPU each"
+    );
+    println!(
+        "  acquire + release                    {pair_rate:>8.0}/s  {pair_cpu:>6.2} us Redis CPU each"
+    );
+    println!(
+        "  one acquire + release = {:.2} rate checks by throughput, {:.2} by Redis CPU (target <= 2); \
+         {:.2} and {:.2} full-script checks",
+        check_rate / pair_rate,
+        pair_cpu / check_cpu,
+        full_rate / pair_rate,
+        pair_cpu / full_cpu
+    );
+}
