@@ -1,7 +1,8 @@
 //! Prometheus metrics, written by hand in the text format (a dozen fixed series need no
 //! registry crate): decisions by policy and result, shadow-mode would-be denials, decision
 //! latency, store errors, near-cache hits, reloads, connections, the audit trail's records
-//! written and dropped, and what the memory store reports (identifiers held, evictions).
+//! written and dropped, concurrency leases and reservations through the service, and what
+//! the memory store reports (identifiers held, evictions).
 //!
 //! Label values are never chosen by clients: a `policy` label is a configured policy's name
 //! or the kind of a policy made on the fly (`cl.throttle`, `envoy.override`); checks of a
@@ -56,6 +57,88 @@ pub struct Metrics {
     pub(crate) resp: std::sync::Arc<ConnectionCounts>,
     /// The audit sinks' counters, kept across reloads that replace the sinks.
     pub(crate) audit: crate::audit::AuditCounters,
+    /// Leases and reservations taken, given back and settled through this process.
+    pub(crate) leases: LeaseCounts,
+}
+
+/// What happened to leases and reservations through this process (a lease taken here may be
+/// released through another server on the same store: each counts what it saw).
+#[derive(Default)]
+pub(crate) struct LeaseCounts {
+    acquired: AtomicU64,
+    denied: AtomicU64,
+    released: AtomicU64,
+    /// A release or renew that found the lease expired (or gone): its holder kept it past
+    /// its lease time, a bug in some client worth seeing.
+    expired: AtomicU64,
+    not_held: AtomicU64,
+    renewed: AtomicU64,
+    reserved: AtomicU64,
+    reserve_denied: AtomicU64,
+    settled: AtomicU64,
+}
+
+/// One event of [`LeaseCounts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseEvent {
+    Acquired,
+    Denied,
+    Released(sluice_limiter::Released),
+    Renewed,
+    /// A renew that found no lease left to extend.
+    RenewExpired,
+    Reserved,
+    ReserveDenied,
+    Settled,
+}
+
+impl LeaseCounts {
+    pub(crate) fn count(&self, event: LeaseEvent) {
+        use sluice_limiter::Released;
+        let counter = match event {
+            LeaseEvent::Acquired => &self.acquired,
+            LeaseEvent::Denied => &self.denied,
+            LeaseEvent::Released(Released::Released) => &self.released,
+            LeaseEvent::Released(Released::Expired) | LeaseEvent::RenewExpired => &self.expired,
+            LeaseEvent::Released(_) => &self.not_held,
+            LeaseEvent::Renewed => &self.renewed,
+            LeaseEvent::Reserved => &self.reserved,
+            LeaseEvent::ReserveDenied => &self.reserve_denied,
+            LeaseEvent::Settled => &self.settled,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        out.push_str("# HELP sluice_leases_total Concurrency leases by what happened: acquired, denied, released, expired (released or renewed after its lease time), not_held, renewed.\n# TYPE sluice_leases_total counter\n");
+        for (result, counter) in [
+            ("acquired", &self.acquired),
+            ("denied", &self.denied),
+            ("released", &self.released),
+            ("expired", &self.expired),
+            ("not_held", &self.not_held),
+            ("renewed", &self.renewed),
+        ] {
+            let _ = writeln!(
+                out,
+                "sluice_leases_total{{result=\"{result}\"}} {}",
+                load(counter)
+            );
+        }
+        out.push_str("# HELP sluice_reservations_total Reservations by what happened: reserved, denied, settled.\n# TYPE sluice_reservations_total counter\n");
+        for (result, counter) in [
+            ("reserved", &self.reserved),
+            ("denied", &self.reserve_denied),
+            ("settled", &self.settled),
+        ] {
+            let _ = writeln!(
+                out,
+                "sluice_reservations_total{{result=\"{result}\"}} {}",
+                load(counter)
+            );
+        }
+    }
 }
 
 impl Metrics {
@@ -106,6 +189,16 @@ impl Metrics {
     /// Counts one decision (or failure to decide) of `policy` (a configured policy's name or
     /// an on-the-fly kind) that took `elapsed`.
     pub(crate) fn observe(&self, policy: &str, result: &Result<Checked, Error>, elapsed: Duration) {
+        self.observe_outcome(policy, result.as_ref(), elapsed);
+    }
+
+    /// [`Metrics::observe`] for a decision held elsewhere (an acquire's or a reserve's).
+    pub(crate) fn observe_outcome(
+        &self,
+        policy: &str,
+        result: Result<&Checked, &Error>,
+        elapsed: Duration,
+    ) {
         let bump = |counts: &PolicyCounts| {
             let counter = match result {
                 Ok(c) if c.shadow_denied => &counts.shadow_denied,
@@ -259,6 +352,7 @@ impl Metrics {
             );
         }
         self.audit.render(&mut out);
+        self.leases.render(&mut out);
         if let Some(memory) = memory {
             let _ = writeln!(
                 out,

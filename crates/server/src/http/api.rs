@@ -1,5 +1,6 @@
 //! The policy API: `POST /v1/check`, `/v1/peek`, `/v1/reset`, `GET /v1/policies`,
 //! `GET /health`. Malformed requests get 400 with a message and never reach the store.
+//! Leases and reservations (`/v1/acquire`, ...) are in [`super::leases`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,7 +62,7 @@ async fn health() -> Json<Value> {
 }
 
 /// A request refused before it reaches the limiter.
-struct Problem {
+pub(super) struct Problem {
     status: StatusCode,
     message: String,
 }
@@ -72,14 +73,14 @@ impl IntoResponse for Problem {
     }
 }
 
-fn bad_request(message: String) -> Problem {
+pub(super) fn bad_request(message: String) -> Problem {
     Problem {
         status: StatusCode::BAD_REQUEST,
         message,
     }
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
+pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request: {e}")))
 }
 
@@ -101,10 +102,13 @@ fn check_selectors(selectors: &BTreeMap<String, String>) -> Result<(), Problem> 
     Ok(())
 }
 
-fn error_response(error: Error) -> Response {
+pub(super) fn error_response(error: Error) -> Response {
     let status = match &error {
         Error::UnknownPolicy(_) => StatusCode::NOT_FOUND,
-        Error::MissingSelector { .. } => StatusCode::BAD_REQUEST,
+        Error::MissingSelector { .. }
+        | Error::NeedsAcquire(_)
+        | Error::NoConcurrencyLeaf(_)
+        | Error::ReserveConcurrency(_) => StatusCode::BAD_REQUEST,
         e if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -112,7 +116,7 @@ fn error_response(error: Error) -> Response {
 }
 
 /// Parses a request body and checks the selectors it carries.
-fn read<T: DeserializeOwned>(
+pub(super) fn read<T: DeserializeOwned>(
     body: &Bytes,
     selectors: impl Fn(&T) -> &BTreeMap<String, String>,
 ) -> Result<T, Problem> {
@@ -122,7 +126,7 @@ fn read<T: DeserializeOwned>(
 }
 
 /// Selectors as the limiter takes them.
-fn pairs(selectors: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+pub(super) fn pairs(selectors: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
     selectors
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))

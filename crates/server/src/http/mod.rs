@@ -1,6 +1,7 @@
-//! The HTTP listener: the policy API (`/v1/...`, `/health`), envoyproxy/ratelimit's
-//! `POST /json`, Prometheus `/metrics`, `/live` and `/ready`, the live page (`/ui`, off by
-//! default), over HTTP/1.1 and HTTP/2.
+//! The HTTP listener: the policy API (`/v1/...`, `/health`), leases and reservations
+//! (`/v1/acquire`, `/v1/release`, `/v1/renew`, `/v1/reserve`, `/v1/settle`),
+//! envoyproxy/ratelimit's `POST /json`, Prometheus `/metrics`, `/live` and `/ready`, the
+//! live page (`/ui`, off by default), over HTTP/1.1 and HTTP/2.
 //!
 //! Slow and silent clients are cut off: a new connection must send its first byte within
 //! the listener's deadline and its request headers within [`HEADER_TIMEOUT`]; a request,
@@ -10,6 +11,7 @@
 mod access;
 mod api;
 mod decision;
+pub(crate) mod leases;
 mod ops;
 mod top;
 mod ui;
@@ -52,6 +54,7 @@ const HTTP2_PING: Duration = Duration::from_secs(20);
 /// Every route the service answers over HTTP.
 pub fn router(service: Arc<Service>) -> Router {
     api::router(service.clone())
+        .merge(leases::router(service.clone()))
         .merge(top::router(service.clone()))
         .merge(ops::router(service.clone()))
         .merge(ui::router(service))

@@ -5,6 +5,8 @@
 //!   retry_after is -1 when allowed). GCRA with a capacity of `max_burst + 1` and a rate of
 //!   `count` per `period` seconds.
 //! - `SLUICE.CHECK policy [cost] [selector value]...`: a configured policy, same reply.
+//! - `SLUICE.ACQUIRE`, `SLUICE.RELEASE`, `SLUICE.RENEW`, `SLUICE.RESERVE`, `SLUICE.SETTLE`:
+//!   concurrency leases and reservations (see [`super::leases`]).
 //! - `PING [msg]`, `ECHO msg`, `COMMAND ...` (an empty list), `QUIT`, `SELECT`, `CLIENT ...`,
 //!   `HELLO 2|3`, `INFO`: enough for redis-cli and client libraries to connect.
 
@@ -14,6 +16,7 @@ use std::time::Duration;
 use sluice_core::{Leaf, LeafOptions, Rate, Rule, Selector, Span, Unit, whole_seconds};
 use sluice_limiter::{Algorithm, Checked, Policy};
 
+use super::leases;
 use crate::service::{Dynamic, Service};
 
 /// What to do after replying.
@@ -23,7 +26,7 @@ pub enum After {
     Close,
 }
 
-fn error(out: &mut Vec<u8>, message: &str) {
+pub(super) fn error(out: &mut Vec<u8>, message: &str) {
     out.extend_from_slice(b"-");
     // A reply line must not hold CR or LF.
     out.extend(
@@ -34,7 +37,7 @@ fn error(out: &mut Vec<u8>, message: &str) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(super) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     let _ = write!(Sink(out), "${}\r\n", bytes.len());
     out.extend_from_slice(bytes);
     out.extend_from_slice(b"\r\n");
@@ -50,16 +53,16 @@ impl std::fmt::Write for Sink<'_> {
     }
 }
 
-fn integer(text: &[u8]) -> Option<i64> {
+pub(super) fn integer(text: &[u8]) -> Option<i64> {
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
 /// Whole seconds, rounded up (as redis-cell does, so no caller retries too early).
-fn ceil_secs(d: Duration) -> i64 {
+pub(super) fn ceil_secs(d: Duration) -> i64 {
     i64::try_from(whole_seconds(d)).unwrap_or(i64::MAX)
 }
 
-fn decision_reply(out: &mut Vec<u8>, checked: &Checked) {
+pub(super) fn decision_reply(out: &mut Vec<u8>, checked: &Checked) {
     let d = &checked.decision;
     let retry = match d.retry_after() {
         Some(r) if !d.allowed() => ceil_secs(r),
@@ -150,6 +153,11 @@ pub async fn run(service: &Service, args: &[Vec<u8>], out: &mut Vec<u8>) -> Afte
         ),
         "CL.THROTTLE" => throttle(service, rest, out).await,
         "SLUICE.CHECK" => sluice_check(service, rest, out).await,
+        "SLUICE.ACQUIRE" => leases::acquire(service, rest, out).await,
+        "SLUICE.RELEASE" => leases::release(service, rest, out).await,
+        "SLUICE.RENEW" => leases::renew(service, rest, out).await,
+        "SLUICE.RESERVE" => leases::reserve(service, rest, out).await,
+        "SLUICE.SETTLE" => leases::settle(service, rest, out).await,
         _ => {
             let shown: String = String::from_utf8_lossy(&args[0]).chars().take(64).collect();
             error(out, &format!("ERR unknown command '{shown}'"));

@@ -1,11 +1,12 @@
 //! The Redis protocol listener (`--resp-listen`): redis-cell's `CL.THROTTLE`, sluice's
-//! `SLUICE.CHECK`, and the handful of commands clients send on connecting.
-//! Pipelined commands are answered in order with one write per batch. Unknown commands get
+//! `SLUICE.CHECK`, leases and reservations (`SLUICE.ACQUIRE` ...), and the handful of
+//! commands clients send on connecting. Pipelined commands are answered in order with one write per batch. Unknown commands get
 //! an error reply; only a stream that cannot be parsed further is closed (after a reply
 //! saying why). Idle and half-sent commands time out, so slow clients cannot hold sockets.
 
 pub(crate) mod command;
 pub(crate) mod frame;
+mod leases;
 
 use std::future::Future;
 use std::sync::Arc;
