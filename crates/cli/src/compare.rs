@@ -7,7 +7,7 @@ use std::io::Read;
 use serde_json::json;
 use sluice_limiter::{Algorithm, Policy};
 
-use crate::simulate::{Replay, Summary, TraceError, TraceReader};
+use crate::simulate::{LeafLeases, Replay, Summary, TraceError, TraceReader, summary_json};
 
 /// What one policy decided for one hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct Outcome {
 pub struct Run {
     pub policy: Policy,
     pub summary: Summary,
+    /// What each concurrency leaf's leases did (empty for a rule without one).
+    pub leases: Vec<LeafLeases>,
     /// One per hit, in trace order.
     pub outcomes: Vec<Outcome>,
 }
@@ -77,7 +79,7 @@ impl Run {
             "policy": self.policy.name,
             "rule": self.policy.rule.to_string(),
             "algorithm": self.algorithm(),
-            "summary": self.summary.to_json(),
+            "summary": summary_json(self.summary, &self.leases),
         })
     }
 }
@@ -108,7 +110,7 @@ pub fn compare(
 ) -> Result<Comparison, TraceError> {
     let reader = TraceReader::new(trace)?;
     let header = reader.header().clone();
-    let replays = policies
+    let mut replays = policies
         .iter()
         .map(|policy| Replay::new(policy.clone(), &header))
         .collect::<Result<Vec<_>, _>>()?;
@@ -146,6 +148,7 @@ pub fn compare(
             .map(|policy| Run {
                 policy,
                 summary: Summary::default(),
+                leases: Vec::new(),
                 outcomes: Vec::new(),
             })
             .collect(),
@@ -153,7 +156,7 @@ pub fn compare(
     let mut ids: HashMap<String, u32> = HashMap::new();
     for hit in reader {
         let hit = hit?;
-        for (replay, run) in replays.iter().zip(&mut comparison.runs) {
+        for (replay, run) in replays.iter_mut().zip(&mut comparison.runs) {
             let decision = replay.check(&header, &hit)?.decision;
             run.summary.add(decision.allowed());
             run.outcomes.push(Outcome {
@@ -170,6 +173,9 @@ pub fn compare(
         });
         comparison.times.push(hit.t);
         comparison.keys.push(id);
+    }
+    for (replay, run) in replays.iter_mut().zip(&mut comparison.runs) {
+        run.leases = replay.finish()?;
     }
     Ok(comparison)
 }
@@ -225,6 +231,7 @@ mod tests {
                 .unwrap()
                 .algorithm(Algorithm::FixedWindow),
             summary: Summary::default(),
+            leases: Vec::new(),
             outcomes: Vec::new(),
         };
         assert_eq!(run("10/s").algorithm(), "fixed-window");

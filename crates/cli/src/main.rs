@@ -96,8 +96,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
-    /// Replay a CSV trace (t, selector columns, optional cost) on a virtual clock, draw it, or
-    /// write an example trace.
+    /// Replay a CSV trace (t, selector columns, optional cost, duration for concurrency
+    /// rules) on a virtual clock, draw it, or write an example trace.
     Simulate(SimulateArgs),
     /// Check a policies file and report the first error with its file, line and field.
     Validate {

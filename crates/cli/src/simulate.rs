@@ -2,12 +2,22 @@
 //! same answer.
 //!
 //! The trace has a header: `t` (seconds from the start, decimal, non-decreasing), one column
-//! per selector name, and an optional `cost` column (empty = 1).
+//! per selector name, an optional `cost` column (empty = 1) and an optional `duration`
+//! column: how long each request lasts, in seconds, for rules with a concurrency leaf
+//! (`user:3 concurrent`), whose requests take a lease at `t` and release it at
+//! `t + duration` (see [`Replay::check`]). A rule without one ignores durations (the command
+//! line warns), but every duration given must still be a time.
+
+mod leases;
+
+pub use leases::LeafLeases;
 
 use std::io::{Read, Write};
 
 use serde_json::json;
 use sluice_limiter::{Checked, Limiter, ManualClock, MemoryStore, Policy, PolicyRef};
+
+use leases::InFlight;
 
 use sluice_server::decision_json;
 
@@ -61,8 +71,8 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
         .ok_or_else(bad)
 }
 
-/// Where the columns of a trace are: `t`, the optional `cost`, and the selector columns (every
-/// other one, in header order).
+/// Where the columns of a trace are: `t`, the optional `cost` and `duration`, and the
+/// selector columns (every other one, in header order).
 #[derive(Debug, Clone)]
 pub struct Header {
     /// The selector columns' names, in header order.
@@ -70,6 +80,14 @@ pub struct Header {
     selector_columns: Vec<usize>,
     t: usize,
     cost: Option<usize>,
+    duration: Option<usize>,
+}
+
+impl Header {
+    /// Whether the trace has a `duration` column.
+    pub fn has_durations(&self) -> bool {
+        self.duration.is_some()
+    }
 }
 
 /// One request of a trace.
@@ -82,6 +100,9 @@ pub struct Hit {
     /// `t` as written, so the JSON output repeats it unchanged.
     t_text: String,
     pub cost: u64,
+    /// How long the request lasts, in nanoseconds: `None` when the trace has no `duration`
+    /// column or the line leaves it empty.
+    pub duration: Option<u64>,
     /// The selector values, in the order of [`Header::selectors`].
     pub values: Vec<String>,
 }
@@ -117,10 +138,11 @@ impl<R: Read> TraceReader<R> {
             .position(|h| h == "t")
             .ok_or_else(|| TraceError::Header("the header has no `t` column".into()))?;
         let cost = headers.iter().position(|h| h == "cost");
+        let duration = headers.iter().position(|h| h == "duration");
         let (selector_columns, selectors) = headers
             .iter()
             .enumerate()
-            .filter(|(i, _)| *i != t && Some(*i) != cost)
+            .filter(|(i, _)| *i != t && Some(*i) != cost && Some(*i) != duration)
             .map(|(i, name)| (i, name.to_owned()))
             .unzip();
         Ok(TraceReader {
@@ -129,6 +151,7 @@ impl<R: Read> TraceReader<R> {
                 selector_columns,
                 t,
                 cost,
+                duration,
             },
             records: reader.into_records(),
             last: 0,
@@ -159,6 +182,15 @@ impl<R: Read> TraceReader<R> {
                 .parse::<u64>()
                 .map_err(|_| fail(format!("cost `{c}` is not a whole number")))?,
         };
+        let duration = match self
+            .header
+            .duration
+            .and_then(|d| record.get(d))
+            .filter(|d| !d.is_empty())
+        {
+            None => None,
+            Some(d) => Some(parse_seconds(d).map_err(|e| fail(format!("duration {e}")))?),
+        };
         let values = self
             .header
             .selector_columns
@@ -170,6 +202,7 @@ impl<R: Read> TraceReader<R> {
             t,
             t_text: t_text.to_owned(),
             cost,
+            duration,
             values,
         })
     }
@@ -193,11 +226,22 @@ pub struct Replay {
     limiter: Limiter,
     policy: PolicyRef,
     runtime: tokio::runtime::Runtime,
+    /// The leases held, for a rule with a concurrency leaf.
+    in_flight: Option<InFlight>,
 }
 
 impl Replay {
-    /// Checks that the trace has a column for every selector the policy names.
+    /// Checks that the trace has a column for every selector the policy names, and a
+    /// `duration` column when the rule has a concurrency leaf.
     pub fn new(policy: Policy, header: &Header) -> Result<Replay, TraceError> {
+        let in_flight = InFlight::new(&policy, header);
+        if in_flight.is_some() && !header.has_durations() {
+            return Err(TraceError::Header(format!(
+                "the rule `{}` has a concurrency leaf: the trace needs a `duration` column \
+                 (seconds each request holds its slot)",
+                policy.rule
+            )));
+        }
         let clock = ManualClock::new(0);
         let store = MemoryStore::builder().clock(clock.clone()).build();
         let limiter = Limiter::builder(store).clock(clock.clone()).build()?;
@@ -219,21 +263,86 @@ impl Replay {
             limiter,
             policy,
             runtime,
+            in_flight,
         })
     }
 
-    /// Decides `hit` at its time.
-    pub fn check(&self, header: &Header, hit: &Hit) -> Result<Checked, TraceError> {
+    /// Decides `hit` at its time: after releasing the leases whose requests ended by then,
+    /// a lease taken until `hit.t + duration` for a rule with a concurrency leaf, else a
+    /// check.
+    pub fn check(&mut self, header: &Header, hit: &Hit) -> Result<Checked, TraceError> {
+        let at_line = |message: String| TraceError::Line {
+            line: hit.line,
+            message,
+        };
+        if self.in_flight.is_none() {
+            self.clock.set(hit.t);
+            return self
+                .runtime
+                .block_on(
+                    self.limiter
+                        .check(&self.policy, &hit.selectors(header), hit.cost),
+                )
+                .map_err(|e| at_line(e.to_string()));
+        }
+        let Some(duration) = hit.duration else {
+            return Err(at_line(format!(
+                "no duration (the rule `{}` has a concurrency leaf: every request needs one)",
+                self.policy.policy.rule
+            )));
+        };
+        if hit.cost != 1 {
+            return Err(at_line(format!(
+                "cost {}: a request takes one lease (leave `cost` empty or 1 for a rule with \
+                 a concurrency leaf)",
+                hit.cost
+            )));
+        }
+        self.release_until(hit.t)?;
         self.clock.set(hit.t);
-        self.runtime
-            .block_on(
-                self.limiter
-                    .check(&self.policy, &hit.selectors(header), hit.cost),
-            )
-            .map_err(|e| TraceError::Line {
-                line: hit.line,
-                message: e.to_string(),
-            })
+        let acquired = self
+            .runtime
+            .block_on(self.limiter.acquire(&self.policy, &hit.selectors(header)))
+            .map_err(|e| at_line(e.to_string()))?;
+        if let (Some(lease), Some(in_flight)) = (acquired.lease, self.in_flight.as_mut()) {
+            in_flight.hold(hit, duration, lease);
+        }
+        Ok(acquired.checked)
+    }
+
+    /// Releases, in time order, the leases whose requests end no later than `t`.
+    fn release_until(&mut self, t: u64) -> Result<(), TraceError> {
+        let Some(in_flight) = self.in_flight.as_mut() else {
+            return Ok(());
+        };
+        while let Some((end, lease, line)) = in_flight.next_due(t) {
+            self.clock.set(end);
+            let answer = self
+                .runtime
+                .block_on(lease.release())
+                .map_err(|e| TraceError::Line {
+                    line,
+                    message: format!("releasing its lease: {e}"),
+                })?;
+            in_flight.released(answer);
+        }
+        Ok(())
+    }
+
+    /// Releases every lease still held, at its end, after the trace's last request: then
+    /// each concurrency leaf's counts are whole. Empty for a rule without one.
+    pub fn finish(&mut self) -> Result<Vec<LeafLeases>, TraceError> {
+        self.release_until(u64::MAX)?;
+        Ok(self
+            .in_flight
+            .as_ref()
+            .map_or_else(Vec::new, InFlight::counts))
+    }
+
+    /// Releases the store answered with `Expired` or `NotHeld` (the lease had expired before
+    /// its request ended), all leaves together.
+    pub fn expired_releases(&self) -> u64 {
+        self.in_flight.as_ref().map_or(0, |f| f.store_expired)
     }
 }
 
@@ -257,6 +366,19 @@ impl Summary {
     }
 }
 
+/// The summary line's JSON: the totals, and for a rule with concurrency leaves, what each
+/// one's leases did (`"leases": [{"leaf": ..., "max_held": ..., "expired": ...}]`).
+pub fn summary_json(summary: Summary, leases: &[LeafLeases]) -> serde_json::Value {
+    let mut value = summary.to_json();
+    if !leases.is_empty()
+        && let Some(object) = value.as_object_mut()
+    {
+        let leases = leases.iter().map(LeafLeases::to_json).collect();
+        object.insert("leases".into(), serde_json::Value::Array(leases));
+    }
+    value
+}
+
 /// Replays `trace` against `policy`, writing one JSON line per request and a summary line.
 pub fn simulate(
     policy: Policy,
@@ -264,7 +386,7 @@ pub fn simulate(
     out: &mut impl Write,
 ) -> Result<Summary, TraceError> {
     let mut reader = TraceReader::new(trace)?;
-    let replay = Replay::new(policy, reader.header())?;
+    let mut replay = Replay::new(policy, reader.header())?;
     let mut summary = Summary::default();
     while let Some(hit) = reader.next() {
         let hit = hit?;
@@ -279,7 +401,12 @@ pub fn simulate(
         writeln!(out, "{line_json}")?;
         summary.add(checked.decision.allowed());
     }
-    writeln!(out, "{}", json!({ "summary": summary.to_json() }))?;
+    let leases = replay.finish()?;
+    writeln!(
+        out,
+        "{}",
+        json!({ "summary": summary_json(summary, &leases) })
+    )?;
     Ok(summary)
 }
 
@@ -334,6 +461,41 @@ mod tests {
             "another user has its own counter"
         );
         assert_eq!(lines[7]["summary"]["denied"], 2);
+    }
+
+    #[test]
+    fn lease_counts_agree_with_the_store() {
+        // Durations around the 10 s lease time, exactly it included (a lease expiring at the
+        // instant of its release has expired, as the store says).
+        let durations = ["1", "10", "9.999999999", "10.000000001", "25", "0", "3.5"];
+        let mut trace = String::from("t,user,duration\n");
+        for i in 0..300 {
+            let user = ["a", "b"][i % 2];
+            let duration = durations[i % durations.len()];
+            trace.push_str(&format!("{}.{},{user},{duration}\n", i / 4, (i % 4) * 25));
+        }
+        let policy = Policy::new("sim", "user:3 concurrent lease=10s").unwrap();
+        let mut reader = TraceReader::new(trace.as_bytes()).unwrap();
+        let mut replay = Replay::new(policy, reader.header()).unwrap();
+        let mut long_admitted = 0;
+        while let Some(hit) = reader.next() {
+            let hit = hit.unwrap();
+            if replay
+                .check(reader.header(), &hit)
+                .unwrap()
+                .decision
+                .allowed()
+                && hit.duration.unwrap() >= 10_000_000_000
+            {
+                long_admitted += 1;
+            }
+        }
+        let leases = replay.finish().unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].max_held, 3, "full, never over");
+        assert!(long_admitted > 0);
+        assert_eq!(leases[0].expired, long_admitted);
+        assert_eq!(leases[0].expired, replay.expired_releases());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use sluice_cli::compare::{Comparison, compare};
 use sluice_cli::generate::{self, Kind};
 use sluice_cli::plot::{self, Format};
 use sluice_cli::replace_file::replace_file;
-use sluice_cli::simulate::{self, TraceError};
+use sluice_cli::simulate::{self, TraceError, TraceReader};
 use sluice_core::Algorithm;
 use sluice_limiter::Policy;
 use sluice_server::config;
@@ -24,7 +24,8 @@ pub struct SimulateArgs {
     /// A rule to replay; repeat to compare several.
     #[arg(long, required_unless_present_any = ["config", "generate"])]
     rule: Vec<String>,
-    /// The trace: a CSV file with `t` (seconds), a column per selector, optional `cost`.
+    /// The trace: a CSV file with `t` (seconds), a column per selector, optional `cost`,
+    /// and `duration` (seconds each request holds its lease) for concurrency rules.
     #[arg(long, required_unless_present = "generate")]
     trace: Option<PathBuf>,
     /// Algorithm for leaves that name none [default: gcra, or the configured policy's];
@@ -92,9 +93,19 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let trace = args
         .trace
         .expect("clap requires --trace without --generate");
-    let file =
-        std::fs::File::open(&trace).with_context(|| format!("cannot open {}", trace.display()))?;
-    let file = std::io::BufReader::new(file);
+    let open =
+        || std::fs::File::open(&trace).with_context(|| format!("cannot open {}", trace.display()));
+    if let Ok(reader) = TraceReader::new(open()?)
+        && reader.header().has_durations()
+        && !policies.iter().any(has_concurrency_leaf)
+    {
+        eprintln!(
+            "sluice: warning: {}: the `duration` column is ignored: no rule has a \
+             concurrency leaf (`user:3 concurrent`)",
+            trace.display()
+        );
+    }
+    let file = std::io::BufReader::new(open()?);
 
     if let ([policy], None) = (policies.as_slice(), format) {
         // One rule, no picture: each decision as a JSON line, as always.
@@ -117,6 +128,14 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     }
     print_summaries(&comparison)?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn has_concurrency_leaf(policy: &Policy) -> bool {
+    policy
+        .rule
+        .leaves()
+        .iter()
+        .any(|leaf| leaf.is_concurrency())
 }
 
 /// One line on stderr and the exit code for input the user must fix.
