@@ -6,7 +6,8 @@
 //!
 //! The PostgreSQL server is the test kit's (`fsync=off`, as on a machine whose disk write
 //! cache absorbs commits; decisions still commit one transaction each), pool of 16
-//! connections unless `SLUICE_BENCH_POOL` says otherwise. The machine is shared with the
+//! connections unless `SLUICE_BENCH_POOL` says otherwise (`SLUICE_BENCH_OPTIONS` adds store
+//! URL options, e.g. `batch_senders=2`). The machine is shared with the
 //! server: read the ratios, not the absolutes. Beside each PostgreSQL rate: the server's CPU
 //! time (postmaster and backends, `/proc/PID/stat`) and this process's, per call, which the
 //! machine's noise moves far less than a rate.
@@ -113,7 +114,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let url = format!("{}?pool_size={pool}&timeout_ms=5000", postgres.url());
+    // More store URL options for an experiment: `SLUICE_BENCH_OPTIONS=batch_senders=2`.
+    let extra = std::env::var("SLUICE_BENCH_OPTIONS").map_or(String::new(), |o| format!("&{o}"));
+    let url = format!("{}?pool_size={pool}&timeout_ms=5000{extra}", postgres.url());
     let store = runtime
         .block_on(PostgresStore::connect(&url))
         .expect("connect");
