@@ -293,7 +293,20 @@ impl Service {
     /// Offers a refusal (or a shadow policy's would-be refusal) to the audit sinks, if any;
     /// never waits. When every queue is full the record is not even built.
     fn audit(&self, name: &str, selectors: &Selectors<'_>, result: &Result<Checked, Error>) {
-        let Ok(checked) = result else { return };
+        if let Ok(checked) = result {
+            self.audit_checked(name, selectors, checked);
+        }
+    }
+
+    /// Counts a decision made outside [`Service::check_policy`] (an acquire, a reservation)
+    /// in the heavy hitters and, when refused, the audit trail, as a check's is.
+    pub(crate) fn observe_checked(&self, name: &str, selectors: &Selectors<'_>, checked: &Checked) {
+        let now = self.limiter.clock().now();
+        self.top.observe(now, name, selectors, checked);
+        self.audit_checked(name, selectors, checked);
+    }
+
+    fn audit_checked(&self, name: &str, selectors: &Selectors<'_>, checked: &Checked) {
         if checked.decision.allowed() && !checked.shadow_denied {
             return;
         }

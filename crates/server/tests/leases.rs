@@ -120,6 +120,59 @@ fn leases_are_taken_renewed_and_given_back_over_http() {
     assert_eq!(metric(&server, series), 1);
 }
 
+/// A refused acquire or reservation is a refusal like a check's: it reaches the recent
+/// refusals, the heavy hitters and the audit trail.
+#[test]
+fn refused_acquires_and_reservations_are_audited() {
+    let trail =
+        std::env::temp_dir().join(format!("sluice-lease-audit-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&trail);
+    let config = format!("{CONFIG}\n[audit]\nfile = \"{}\"\n", trail.display());
+    let clock = ManualClock::new(1_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let server = Server::start_with(&config, &[], |b| b.store(store));
+    for _ in 0..2 {
+        assert_eq!(acquire(&server, "jobs", "carol")["allowed"], true);
+    }
+    assert_eq!(acquire(&server, "jobs", "carol")["denial"], "occupied");
+    let body = r#"{"policy":"tokens","selectors":{"user":"dave"},"estimate":5000}"#;
+    let (status, answer) = post(&server, "/v1/reserve", body);
+    assert_eq!(
+        (status, answer["allowed"].clone()),
+        (200, Value::Bool(false))
+    );
+    let (_, refusals) = curl("GET", &format!("{}/v1/refusals?n=10", server.base), None);
+    let refusals = json(&refusals);
+    let listed: Vec<(&str, &str)> = refusals["refusals"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| (r["policy"].as_str().unwrap(), r["denial"].as_str().unwrap()))
+        .collect();
+    assert!(listed.contains(&("jobs", "occupied")), "{refusals}");
+    assert!(
+        listed.contains(&("tokens", "cost_exceeds_capacity")),
+        "{refusals}"
+    );
+    let (_, top) = curl("GET", &format!("{}/v1/top?policy=jobs", server.base), None);
+    assert_eq!(json(&top)["refusals"], 1, "{top}");
+    // The file sink's writer thread gets there soon: wait for the two lines, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let text = std::fs::read_to_string(&trail).unwrap_or_default();
+        if text.lines().count() >= 2 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let reasons: Vec<String> = lines
+        .lines()
+        .map(|l| json(l)["reason"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(reasons, ["occupied", "cost_exceeds_capacity"], "{lines}");
+    let _ = std::fs::remove_file(&trail);
+}
+
 #[test]
 fn a_token_releases_only_its_own_lease() {
     let (server, _clock) = start();

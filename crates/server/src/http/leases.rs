@@ -74,7 +74,8 @@ struct SettleRequest {
     actual: u64,
 }
 
-/// Takes a lease on a configured policy, counting the decision as a check's and the lease.
+/// Takes a lease on a configured policy, counting the decision as a check's (metrics, heavy
+/// hitters, the audit trail of refusals) and the lease.
 pub(crate) async fn acquire(
     service: &Service,
     policy: &str,
@@ -90,6 +91,7 @@ pub(crate) async fn acquire(
     let outcome = result.as_ref().map(|a| &a.checked);
     metrics.observe_outcome(policy.name(), outcome, started.elapsed());
     if let Ok(acquired) = &result {
+        service.observe_checked(policy.name(), selectors, &acquired.checked);
         metrics.leases.count(match acquired.lease {
             Some(_) => LeaseEvent::Acquired,
             None => LeaseEvent::Denied,
@@ -129,7 +131,8 @@ pub(crate) async fn renew(
     Ok(left)
 }
 
-/// Reserves `estimate` on a configured policy, counting the decision and the reservation.
+/// Reserves `estimate` on a configured policy, counting the decision as a check's and the
+/// reservation.
 pub(crate) async fn reserve(
     service: &Service,
     policy: &str,
@@ -149,6 +152,7 @@ pub(crate) async fn reserve(
     let outcome = result.as_ref().map(|r| &r.checked);
     metrics.observe_outcome(policy.name(), outcome, started.elapsed());
     if let Ok(reserved) = &result {
+        service.observe_checked(policy.name(), selectors, &reserved.checked);
         metrics.leases.count(match reserved.reservation {
             Some(_) => LeaseEvent::Reserved,
             None => LeaseEvent::ReserveDenied,
