@@ -11,14 +11,13 @@
 //! they are combined (see `src/cas.rs`). `rate_check` is one admitted GCRA decision.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
-use sluice_testkit::bench::{OneLeaf, decisions_per_second, median};
+use sluice_testkit::bench::{OneLeaf, calls_per_second, decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(2);
@@ -31,13 +30,9 @@ async fn pairs_per_second(
     quota: Quota,
     id: Arc<[Identifier; 1]>,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for caller in 0..CALLERS {
-        let store = stores[caller % stores.len()].clone();
-        let (id, stop, done) = (id.clone(), stop.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
+    calls_per_second(CALLERS, ROUND, |caller, round| {
+        let (store, id) = (stores[caller % stores.len()].clone(), id.clone());
+        async move {
             let rule = OneLeaf::new(quota);
             let quotas = [quota];
             let keys = LeaseKeys {
@@ -45,25 +40,17 @@ async fn pairs_per_second(
                 quotas: &quotas,
             };
             let mut lease = (caller as u64) << 40;
-            while !stop.load(Ordering::Relaxed) {
+            while round.running() {
                 lease += 1;
                 let decision = store.acquire(&rule.hit(&id[..]), lease).await;
                 assert!(decision.expect("an acquire").allowed(), "a free slot");
                 let released = store.release(&keys, lease).await.expect("a release");
                 assert_eq!(released, Released::Released);
-                done.fetch_add(1, Ordering::Relaxed);
+                round.count();
             }
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(ROUND).await;
-    stop.store(true, Ordering::Relaxed);
-    let total = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    total as f64 / elapsed
+        }
+    })
+    .await
 }
 
 fn main() {

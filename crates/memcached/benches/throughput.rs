@@ -30,13 +30,7 @@ const KEYS_MANY: usize = 1_000_000;
 
 /// A process's CPU time so far (user + system), in seconds; `None` is this process.
 fn cpu_seconds(pid: Option<u32>) -> f64 {
-    let path = pid.map_or("/proc/self/stat".to_owned(), |p| format!("/proc/{p}/stat"));
-    let stat = std::fs::read_to_string(path).expect("/proc/PID/stat");
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-    let ticks = |i: usize| fields[i].parse::<f64>().unwrap();
-    // utime and stime are fields 14 and 15 of stat(5); `fields` starts at field 3.
-    (ticks(11) + ticks(12)) / 100.0
+    sluice_testkit::bench::cpu_seconds(pid, false).expect("/proc/PID/stat")
 }
 
 /// The medians of one store's rounds.

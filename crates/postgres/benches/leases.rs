@@ -9,14 +9,13 @@
 //! so `pairs/s` should be at least half of `checks/s`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
 use sluice_postgres::PostgresStore;
 use sluice_testkit::PostgresServer;
-use sluice_testkit::bench::{OneLeaf, decisions_per_second, median};
+use sluice_testkit::bench::{OneLeaf, calls_per_second, decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(3);
@@ -28,17 +27,14 @@ async fn pairs_per_second(
     quota: Quota,
     keys: Arc<Vec<[Identifier; 1]>>,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for caller in 0..CALLERS {
-        let (store, stop, done, keys) = (store.clone(), stop.clone(), done.clone(), keys.clone());
-        tasks.push(tokio::spawn(async move {
+    calls_per_second(CALLERS, ROUND, |caller, round| {
+        let (store, keys) = (store.clone(), keys.clone());
+        async move {
             let rule = OneLeaf::new(quota);
             let quotas = [quota];
             let mut i = caller;
             let mut lease = (caller as u64) << 40;
-            while !stop.load(Ordering::Relaxed) {
+            while round.running() {
                 let id = &keys[i % keys.len()];
                 lease += 1;
                 let decision = store.acquire(&rule.hit(id), lease).await.expect("acquire");
@@ -49,20 +45,12 @@ async fn pairs_per_second(
                 };
                 let released = store.release(&held, lease).await.expect("release");
                 assert_eq!(released, Released::Released);
-                done.fetch_add(1, Ordering::Relaxed);
+                round.count();
                 i += 7919;
             }
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(ROUND).await;
-    stop.store(true, Ordering::Relaxed);
-    let total = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    total as f64 / elapsed
+        }
+    })
+    .await
 }
 
 fn keys(prefix: &str, n: usize, suffix: &str) -> Arc<Vec<[Identifier; 1]>> {

@@ -13,14 +13,13 @@
 //! machine's noise moves far less than a rate.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::Identifier;
 use sluice_postgres::PostgresStore;
 use sluice_redis::RedisStore;
-use sluice_testkit::bench::{cpu_seconds, decisions_per_second, median};
+use sluice_testkit::bench::{calls_per_second, cpu_seconds, decisions_per_second, median};
 use sluice_testkit::{PostgresServer, RedisServer};
 
 const CALLERS: usize = 50;
@@ -30,27 +29,16 @@ const KEYS_MANY: usize = 100_000;
 
 /// `SELECT 1` per second from `callers` tasks on the store's pool.
 async fn select_one_per_second(store: &PostgresStore, callers: usize, round: Duration) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..callers {
-        let (store, stop, done) = (store.clone(), stop.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
+    calls_per_second(callers, round, |_, round| {
+        let store = store.clone();
+        async move {
+            while round.running() {
                 store.round_trip().await.expect("SELECT 1");
-                done.fetch_add(1, Ordering::Relaxed);
+                round.count();
             }
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(round).await;
-    stop.store(true, Ordering::Relaxed);
-    let total = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    total as f64 / elapsed
+        }
+    })
+    .await
 }
 
 /// One scenario's PostgreSQL rounds: calls per second, and server and client CPU per call

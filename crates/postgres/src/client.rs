@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::PostgresError;
@@ -63,36 +64,28 @@ impl ClientUrl {
     /// Opens a connection, driven by a task of its own on the current Tokio runtime until
     /// the client is dropped or the server hangs up.
     pub async fn connect(&self) -> Result<Client, PostgresError> {
-        let timeout = self.connect_timeout;
-        let late = |_| PostgresError::Timeout(timeout);
-        let failed = |error| PostgresError::Connect {
-            url: self.shown.clone(),
-            error,
-        };
-        let client = match &self.tls {
-            None => {
-                let connect = self.config.connect(NoTls);
-                let (client, connection) = tokio::time::timeout(timeout, connect)
-                    .await
-                    .map_err(late)?
-                    .map_err(failed)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                client
-            }
-            Some(tls) => {
-                let connect = self.config.connect(tls.clone());
-                let (client, connection) = tokio::time::timeout(timeout, connect)
-                    .await
-                    .map_err(late)?
-                    .map_err(failed)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                client
-            }
-        };
+        match &self.tls {
+            None => self.connect_with(NoTls).await,
+            Some(tls) => self.connect_with(tls.clone()).await,
+        }
+    }
+
+    async fn connect_with<T>(&self, tls: T) -> Result<Client, PostgresError>
+    where
+        T: MakeTlsConnect<Socket>,
+        T::Stream: Send + 'static,
+    {
+        let (client, connection) =
+            tokio::time::timeout(self.connect_timeout, self.config.connect(tls))
+                .await
+                .map_err(|_| PostgresError::Timeout(self.connect_timeout))?
+                .map_err(|error| PostgresError::Connect {
+                    url: self.shown.clone(),
+                    error,
+                })?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
         Ok(client)
     }
 }

@@ -9,14 +9,13 @@
 
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
 use sluice_redis::RedisStore;
 use sluice_testkit::RedisServer;
-use sluice_testkit::bench::{OneLeaf, decisions_per_second, median};
+use sluice_testkit::bench::{OneLeaf, calls_per_second, decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(3);
@@ -24,10 +23,7 @@ const ROUNDS: usize = 3;
 
 /// The redis-server's CPU time so far (user + system), in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-    let ticks = |i: usize| fields[i].parse::<f64>().unwrap();
-    (ticks(11) + ticks(12)) / 100.0
+    sluice_testkit::bench::cpu_seconds(Some(pid), false).expect("/proc/PID/stat")
 }
 
 /// Acquire + release pairs per second from `callers` tasks on one lease set of `quota`.
@@ -38,12 +34,9 @@ async fn pairs_per_second(
     callers: usize,
     round: Duration,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for caller in 0..callers {
-        let (store, stop, done, id) = (store.clone(), stop.clone(), done.clone(), id.clone());
-        tasks.push(tokio::spawn(async move {
+    calls_per_second(callers, round, |caller, round| {
+        let (store, id) = (store.clone(), id.clone());
+        async move {
             let rule = OneLeaf::new(quota);
             let ids = [id];
             let quotas = [quota];
@@ -52,7 +45,7 @@ async fn pairs_per_second(
                 quotas: &quotas,
             };
             let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            while round.running() {
                 let lease = ((caller as u64) << 40) | n;
                 n += 1;
                 let decision = store
@@ -62,17 +55,11 @@ async fn pairs_per_second(
                 assert!(decision.allowed(), "one slot per caller is free");
                 let released = store.release(&keys, lease).await.expect("release");
                 assert_eq!(released, Released::Released);
-                done.fetch_add(1, Ordering::Relaxed);
+                round.count();
             }
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(round).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("a caller panicked");
-    }
-    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+        }
+    })
+    .await
 }
 
 /// Operations per second and Redis CPU microseconds per operation, one per round.

@@ -37,12 +37,7 @@ const DEPTHS: [usize; 2] = [1, 16];
 
 /// The redis-server's CPU time so far (user + system), in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-    let ticks = |i: usize| fields[i].parse::<f64>().unwrap();
-    // utime and stime are fields 14 and 15 of stat(5); `fields` starts at field 3.
-    (ticks(11) + ticks(12)) / 100.0
+    sluice_testkit::bench::cpu_seconds(Some(pid), false).expect("/proc/PID/stat")
 }
 
 /// One round of redis-benchmark: EVALSHA of `sha` with `args` (`__rand_int__` replaced by a

@@ -1,6 +1,7 @@
 //! Throughput rounds for the stores' benchmarks, and the one-leaf hit they and some tests
 //! send straight to a store.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -65,6 +66,49 @@ impl OneLeaf {
     }
 }
 
+/// What the tasks of one timed round share: whether to keep going, and the calls made.
+#[derive(Default)]
+pub struct Round {
+    stop: AtomicBool,
+    done: AtomicU64,
+}
+
+impl Round {
+    /// Whether the round is still on: a task loops while it is.
+    pub fn running(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Counts one call.
+    pub fn count(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Calls per second over `round`: starts `callers` tasks, the `i`-th running what
+/// `caller(i, round)` returns (a loop while [`Round::running`], counting each call with
+/// [`Round::count`]), stops them after `round` and waits for them. A panic in a task is
+/// the benchmark's panic.
+pub async fn calls_per_second<F, Fut>(callers: usize, round: Duration, caller: F) -> f64
+where
+    F: Fn(usize, Arc<Round>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let shared = Arc::new(Round::default());
+    let tasks: Vec<_> = (0..callers)
+        .map(|i| tokio::spawn(caller(i, shared.clone())))
+        .collect();
+    let started = Instant::now();
+    tokio::time::sleep(round).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    let total = shared.done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    for task in tasks {
+        task.await.expect("a caller panicked");
+    }
+    total as f64 / elapsed
+}
+
 /// Decisions per second from `callers` tasks deciding one-leaf hits of `quota` on `store`
 /// for `round`, each walking `keys` from its own offset with a stride that visits all.
 /// Panics unless nearly every hit was admitted (the quota is meant to admit all).
@@ -75,41 +119,28 @@ pub async fn decisions_per_second<S: Store + Clone>(
     callers: usize,
     round: Duration,
 ) -> f64 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for caller in 0..callers {
-        let (store, keys, stop, done, admitted) = (
-            store.clone(),
-            keys.clone(),
-            stop.clone(),
-            done.clone(),
-            admitted.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
+    let rate = calls_per_second(callers, round, |caller, round| {
+        let (store, keys) = (store.clone(), keys.clone());
+        let (calls, admitted) = (calls.clone(), admitted.clone());
+        async move {
             let rule = OneLeaf::new(quota);
             let mut i = caller * (keys.len() / callers).max(1);
-            while !stop.load(Ordering::Relaxed) {
+            while round.running() {
                 let hit = rule.hit(&keys[i % keys.len()]);
                 let decision = store.decide(&hit).await.expect("a decision");
                 admitted.fetch_add(u64::from(decision.allowed()), Ordering::Relaxed);
-                done.fetch_add(1, Ordering::Relaxed);
+                calls.fetch_add(1, Ordering::Relaxed);
+                round.count();
                 i = i.wrapping_add(7919);
             }
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(round).await;
-    stop.store(true, Ordering::Relaxed);
-    let total = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    for task in tasks {
-        task.await.unwrap();
-    }
+        }
+    })
+    .await;
     assert!(
-        admitted.load(Ordering::Relaxed) * 10 >= total * 9,
+        admitted.load(Ordering::Relaxed) * 10 >= calls.load(Ordering::Relaxed) * 9,
         "the quota admits nearly all"
     );
-    total as f64 / elapsed
+    rate
 }
