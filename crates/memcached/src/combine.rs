@@ -13,9 +13,7 @@
 //! hit denied at the second judgement is as if it gave its cost back before the next one
 //! counted), so combining changes no decision and keeps the limit exact across processes
 //! and concurrent batches; it saves round trips and system calls: a batch of hits on one
-//! counter costs two round trips, not two per hit. A hit that fit the window as read but
-//! not the total (another batch's hits were in flight) is judged once more in a batch of
-//! its own (see [`Inner::take_combined`]).
+//! counter costs two round trips, not two per hit.
 //!
 //! A lone hit runs in its caller's task; a batch of several runs on a task of its own, so
 //! a caller that stops waiting (a timeout) strands no one. Hits within the clock-skew
@@ -43,12 +41,8 @@ struct Pending {
     now: u64,
     cost: u64,
     deadline: Deadline,
-    reply: oneshot::Sender<Result<Taken, MemcachedError>>,
+    reply: oneshot::Sender<Result<Judged, MemcachedError>>,
 }
-
-/// A hit's judgement, and whether it lost a race: it fit the window as read, not the total
-/// `incr` returned (hits of another batch were in flight).
-type Taken = (Judged, bool);
 
 /// The identifier's keys, the quota and the sub-window a batch counts in.
 #[derive(Clone)]
@@ -114,13 +108,6 @@ impl Drop for Collecting<'_> {
 impl Inner {
     /// Takes a hit of `cost` at `now` on sliding-window leaf `keys` in sub-window `current`,
     /// combined with the other hits on it (see the module documentation).
-    ///
-    /// A hit that lost a race (it fit the window as read, not the total its `incr` returned)
-    /// is judged once more: the hits of another batch it raced with may have been denied
-    /// and given their cost back meanwhile. Without this, two app servers' batches arriving
-    /// together could each deny the other's hits for good, far below the limit. Every
-    /// attempt is exact, so trying again never admits more than the limit; a hit refused
-    /// on the window as read (the common refusal) is never tried again.
     pub(crate) async fn take_combined(
         self: &Arc<Self>,
         keys: &Keys,
@@ -129,21 +116,6 @@ impl Inner {
         cost: u64,
         deadline: Deadline,
     ) -> Result<Judged, MemcachedError> {
-        let (judged, raced) = self.take_once(keys, quota, now, cost, deadline).await?;
-        if !raced {
-            return Ok(judged);
-        }
-        Ok(self.take_once(keys, quota, now, cost, deadline).await?.0)
-    }
-
-    async fn take_once(
-        self: &Arc<Self>,
-        keys: &Keys,
-        quota: &Quota,
-        now: u64,
-        cost: u64,
-        deadline: Deadline,
-    ) -> Result<Taken, MemcachedError> {
         let current = now / quota.sub_window_ticks();
         let key = (keys.window(current), *quota);
         let (reply, answer) = oneshot::channel();
@@ -294,7 +266,7 @@ async fn judge_batch(
     read: Window,
     hits: &[(u64, u64)],
     deadline: Deadline,
-) -> Result<Vec<Taken>, MemcachedError> {
+) -> Result<Vec<Judged>, MemcachedError> {
     let Counter {
         keys,
         quota,
@@ -329,7 +301,7 @@ async fn judge_batch(
         });
     }
     if planned == 0 {
-        return Ok(judged.into_iter().map(|j| (j, false)).collect());
+        return Ok(judged);
     }
     let now = hits[0].0;
     let total = inner
@@ -344,17 +316,14 @@ async fn judge_batch(
         (total - planned).min(ceiling)
     };
 
-    // Second judgement, on the total: the hits kept so far count for the later ones. A hit
-    // that fit the read and no longer fits lost a race (unless the counter was foreign).
+    // Second judgement, on the total: the hits kept so far count for the later ones.
     let mut kept = 0u64;
-    let mut raced = vec![false; hits.len()];
-    for ((j, &(now, cost)), raced) in judged.iter_mut().zip(hits).zip(&mut raced) {
+    for (j, &(now, cost)) in judged.iter_mut().zip(hits) {
         if !j.verdict.allowed || cost == 0 {
             continue;
         }
         counts[last] = others.saturating_add(kept).saturating_add(ahead);
         j.verdict = quota.verdict(&state(&counts), now, cost);
-        *raced = !j.verdict.allowed && total >= planned;
         if j.verdict.allowed {
             kept += cost;
             counts[last] = others.saturating_add(kept).saturating_add(ahead);
@@ -368,5 +337,5 @@ async fn judge_batch(
     if kept < planned {
         inner.decrement(keys, &key, planned - kept, deadline).await;
     }
-    Ok(judged.into_iter().zip(raced).collect())
+    Ok(judged)
 }
