@@ -14,28 +14,11 @@ use sluice_postgres::leases::{
     acquire_arguments, acquired, lease_times, released, settle_arguments,
 };
 use sluice_testkit::PostgresServer;
+use sluice_testkit::vectors::Rng;
 use tokio_postgres::{Client, NoTls};
 
 /// 2025-11-13 in microseconds.
 const EPOCH_US: u64 = 1_763_000_000_000_000;
-
-/// xorshift64*, as the vectors' generators.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
 
 /// One rule's leaves as a store sees them.
 struct Case {

@@ -10,6 +10,7 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_postgres::call::TICK_NS;
 use sluice_postgres::leases::{acquire_arguments, released};
 use sluice_testkit::PostgresServer;
+use sluice_testkit::vectors::Rng;
 use tokio_postgres::{Client, NoTls};
 
 const VECTORS: &str = include_str!("../../core/tests/concurrency_vectors.json");
@@ -162,24 +163,6 @@ fn layout(state: &State) -> Vec<i64> {
         other => panic!("no layout for {other:?}"),
     };
     v.into_iter().map(|n| n as i64).collect()
-}
-
-/// xorshift64*, as the vectors' generators.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 /// 2025-11-13 in microseconds, as the vectors.

@@ -328,3 +328,23 @@ pub fn case_from(v: &Value) -> Case {
             .then(|| penalty_record_from(&v["penalty_record"])),
     }
 }
+
+/// xorshift64*, the generator the vectors' generators and the step-by-step comparisons use:
+/// tests must not depend on an RNG crate, and a seed replays a run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number from `lo` to `hi`, both included.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
