@@ -140,14 +140,49 @@ impl MemoryStore {
     /// Decides a hit synchronously (the memory store never waits on anything but its locks).
     pub fn decide_now(&self, hit: &Hit<'_>) -> Decision {
         let ev = &hit.evaluation;
-        if hit.identifiers.len() == 1
-            && ev.quotas[0].algorithm() == Algorithm::Gcra
-            && ev.penalty.is_none()
-        {
-            self.decide_word(&hit.identifiers[0], hit)
-        } else {
-            self.decide_locked(hit, self.inner.clock.now())
+        if let ([id], [quota], None) = (hit.identifiers, ev.quotas, ev.penalty) {
+            match quota.algorithm() {
+                Algorithm::Gcra => return self.decide_word(id, hit),
+                Algorithm::Concurrency => {}
+                _ => return self.decide_cell(id, hit),
+            }
         }
+        self.decide_locked(hit, self.inner.clock.now())
+    }
+
+    /// A rule of one leaf of another algorithm than GCRA (fixed window, sliding window,
+    /// sliding log): its state is decided in place under the shard's shared lock and the
+    /// cell's own, so other identifiers of the shard do not wait, and none of a compound
+    /// rule's bookkeeping is done. An unknown identifier (or one whose state is of another
+    /// algorithm, after a reload) takes the general path, which adds the cell.
+    ///
+    /// Measured on one thread (callgrind, a fixed-window `try_check_now` on 10,000 users),
+    /// the general path's exclusive lock (eight lock words) and its lists were two thirds
+    /// of a decision.
+    fn decide_cell(&self, id: &Identifier, hit: &Hit<'_>) -> Decision {
+        let ev = &hit.evaluation;
+        let quota = &ev.quotas[0];
+        let hash = self.hash(id);
+        let now = self.inner.clock.now();
+        {
+            let table = self.inner.shards[self.shard_of(hash)].read();
+            if let Some((_, cell)) = table.cells.find(hash, |(k, _)| k == id.as_str())
+                && let CellValue::Leaf(state) = &cell.value
+            {
+                let mut state = state.lock();
+                if quota.fits(&state) {
+                    let outcome = evaluate(ev, std::slice::from_mut(&mut *state), None, now);
+                    if outcome.changed {
+                        // A state equivalent to fresh stays: a sweep drops it, and the next
+                        // hit decides on it as on a fresh one.
+                        let expires_at = quota.expires_at(&state);
+                        cell.expires_at.store(expires_at, Ordering::Relaxed);
+                    }
+                    return outcome.decision;
+                }
+            }
+        }
+        self.decide_locked(hit, now)
     }
 
     /// The hash of an identifier, as the tables hash what they hold.
@@ -307,8 +342,12 @@ fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota
         }
     } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id) {
         match &mut cell.value {
-            CellValue::Leaf(state) if quota.fits(state) => {
-                return std::mem::replace(state, State::Gcra { tat: 0 });
+            // The exclusive lock is held: nobody else can be inside the cell's own lock.
+            CellValue::Leaf(state) => {
+                let state = state.get_mut();
+                if quota.fits(state) {
+                    return std::mem::replace(state, State::Gcra { tat: 0 });
+                }
             }
             // The exclusive lock is held: nobody else can be inside the set's own lock.
             CellValue::Leases(leases) if quota.algorithm() == Algorithm::Concurrency => {
@@ -366,7 +405,7 @@ fn put_state(
             table,
             hash,
             id,
-            CellValue::Leaf(other),
+            CellValue::Leaf(parking_lot::Mutex::new(other)),
             expires_at,
             store,
             now,
@@ -384,14 +423,23 @@ fn put_cell(
     now: u64,
 ) -> table::Swept {
     if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id) {
-        *cell = Cell { value, expires_at };
+        *cell = Cell {
+            value,
+            expires_at: AtomicU64::new(expires_at),
+        };
         return table::Swept::default();
     }
     let swept = table.make_room(store.inner.shard_cap, now);
     let hasher = |(k, _): &(table::Key, Cell)| store.hash(k);
     table.cells.insert_unique(
         hash,
-        (table::Key::from(id), Cell { value, expires_at }),
+        (
+            table::Key::from(id),
+            Cell {
+                value,
+                expires_at: AtomicU64::new(expires_at),
+            },
+        ),
         hasher,
     );
     swept

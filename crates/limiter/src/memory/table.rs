@@ -24,12 +24,17 @@ pub(crate) use super::words::{KeyHasher, Probe, Words};
 pub(crate) struct Cell {
     pub(crate) value: CellValue,
     /// Unused for a lease set, whose leases say when it expires (see [`Cell::expiry`]).
-    pub(crate) expires_at: u64,
+    /// Atomic so that a leaf decided under the shard's shared lock can move it.
+    pub(crate) expires_at: AtomicU64,
 }
 
 #[derive(Debug)]
 pub(crate) enum CellValue {
-    Leaf(State),
+    /// A leaf's state (any algorithm but GCRA's words and concurrency's leases) behind a
+    /// lock of its own: a rule of one such leaf is decided under the shard's shared lock
+    /// and this one (see `MemoryStore::decide_cell`); under the exclusive lock, the state
+    /// is reached without locking.
+    Leaf(Mutex<State>),
     Penalty(PenaltyState),
     /// A concurrency leaf's leases behind a lock of their own: an acquire or release on
     /// one leaf takes the shard's shared lock and this one, not the shard's exclusive lock
@@ -42,7 +47,7 @@ impl Cell {
     pub(crate) fn expiry(&mut self) -> u64 {
         match &mut self.value {
             CellValue::Leases(leases) => leases.get_mut().expires_at(),
-            _ => self.expires_at,
+            _ => *self.expires_at.get_mut(),
         }
     }
 }
@@ -54,8 +59,9 @@ pub(crate) struct Table {
 }
 
 /// An identifier as the table of cells holds it: inline up to 24 bytes. Cells (other
-/// algorithms than GCRA, penalty records) are decided under the shard's exclusive lock,
-/// where a second read for a long identifier is not what the time goes to.
+/// algorithms than GCRA, lease sets, penalty records) cost a lock of their own, or the
+/// shard's exclusive lock, where a second read for a long identifier is not what the time
+/// goes to.
 pub(crate) type Key = CompactString;
 
 /// What making room did.
