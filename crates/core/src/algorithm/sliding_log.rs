@@ -6,17 +6,23 @@ use std::collections::VecDeque;
 use crate::algorithm::{Quota, Retry, Verdict};
 
 /// Admitted hits as (timestamp, cost), oldest first. Hits at the same instant are merged.
+///
+/// The log keeps the sum of its costs beside them, so a decision reads what is in the
+/// window by subtracting the few oldest hits that have left it, not by summing up to
+/// `limit` entries (on a full log of 1,000 hits, that sum was most of a denial's time).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Log {
     hits: VecDeque<(u64, u64)>,
+    /// The sum of `hits`' costs (saturating).
+    total: u64,
 }
 
 impl Log {
     /// Rebuilds a log from (timestamp, cost) pairs, oldest first.
     pub fn from_hits(hits: impl IntoIterator<Item = (u64, u64)>) -> Log {
-        Log {
-            hits: hits.into_iter().collect(),
-        }
+        let hits: VecDeque<(u64, u64)> = hits.into_iter().collect();
+        let total = hits.iter().fold(0u64, |sum, (_, c)| sum.saturating_add(*c));
+        Log { hits, total }
     }
 
     pub fn hits(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -31,36 +37,63 @@ impl Log {
         self.hits.is_empty()
     }
 
+    /// How many of the oldest hits have left the window at `now` (those with
+    /// `timestamp + window <= now`), and their cost. The log is oldest first, so they are a
+    /// prefix; a log just recorded holds none, so the walk is short.
+    fn expired(&self, quota: &Quota, now: u64) -> (usize, u64) {
+        let window = quota.window_ticks();
+        let mut cost = 0u64;
+        let count = self
+            .hits
+            .iter()
+            .take_while(|(at, _)| at + window <= now)
+            .inspect(|(_, c)| cost = cost.saturating_add(*c))
+            .count();
+        (count, cost)
+    }
+
     /// Hits still inside the window at `now`: those with `timestamp + window > now`.
     fn active(&self, quota: &Quota, now: u64) -> impl DoubleEndedIterator<Item = (u64, u64)> + '_ {
-        let window = quota.window_ticks();
-        self.hits
-            .iter()
-            .copied()
-            .filter(move |(at, _)| at + window > now)
+        let (expired, _) = self.expired(quota, now);
+        self.hits.iter().copied().skip(expired)
+    }
+
+    /// The cost of the hits still inside the window at `now`.
+    fn used(&self, quota: &Quota, now: u64) -> u64 {
+        let (_, expired) = self.expired(quota, now);
+        self.total - expired
     }
 
     pub(crate) fn record(&mut self, quota: &Quota, now: u64, cost: u64) {
         let window = quota.window_ticks();
-        while self.hits.front().is_some_and(|(at, _)| at + window <= now) {
+        while let Some(&(at, c)) = self.hits.front()
+            && at + window <= now
+        {
             self.hits.pop_front();
+            self.total -= c;
         }
         if cost == 0 {
             return;
         }
         let limit = quota.limit();
         match self.hits.back_mut() {
-            Some((at, merged)) if *at == now => *merged = merged.saturating_add(cost).min(limit),
-            _ => self.hits.push_back((now, cost.min(limit))),
+            Some((at, merged)) if *at == now => {
+                let before = *merged;
+                *merged = merged.saturating_add(cost).min(limit);
+                self.total = self.total.saturating_add(*merged - before);
+            }
+            _ => {
+                self.hits.push_back((now, cost.min(limit)));
+                self.total = self.total.saturating_add(cost.min(limit));
+            }
         }
         // A denied hit recorded anyway pushes the oldest ones out, so the log never holds
         // more than `limit` in cost (and so never more than `limit` entries).
-        let mut total: u64 = self.hits.iter().map(|(_, c)| c).sum();
-        while total > limit {
+        while self.total > limit {
             let (_, oldest) = self.hits.front_mut().expect("total > 0 means a hit");
-            let cut = (total - limit).min(*oldest);
+            let cut = (self.total - limit).min(*oldest);
             *oldest -= cut;
-            total -= cut;
+            self.total -= cut;
             if *oldest == 0 {
                 self.hits.pop_front();
             }
@@ -74,9 +107,19 @@ impl Log {
             return false;
         };
         let cost = &mut self.hits[index].1;
+        let before = *cost;
         *cost = cost.saturating_sub(refund).saturating_add(debt);
-        if *cost == 0 {
+        let after = *cost;
+        // Summed again rather than moved by the difference: the saturating sum of a log
+        // whose costs were clamped differs from the sum of its differences.
+        if after == 0 {
             self.hits.remove(index);
+        }
+        if before != after {
+            self.total = self
+                .hits
+                .iter()
+                .fold(0u64, |sum, (_, c)| sum.saturating_add(*c));
         }
         true
     }
@@ -91,8 +134,13 @@ impl Log {
 pub(crate) fn verdict(quota: &Quota, log: &Log, now: u64, cost: u64) -> Verdict {
     let window = quota.window_ticks();
     let limit = quota.limit();
-    let used: u64 = log.active(quota, now).map(|(_, c)| c).sum();
-    let newest = log.active(quota, now).next_back().map(|(at, _)| at);
+    let used = log.used(quota, now);
+    // The newest hit, if it is still in the window (when it has left, every hit has).
+    let newest = log
+        .hits
+        .back()
+        .map(|&(at, _)| at)
+        .filter(|at| at + window > now);
 
     if let Some(total) = used.checked_add(cost).filter(|&t| t <= limit) {
         let reset_at = if cost > 0 {
