@@ -20,113 +20,20 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sluice_core::algorithm::concurrency::{self, Released};
-use sluice_core::{Algorithm, Decision, PenaltyState, Quota, State, evaluate};
+use sluice_core::{Algorithm, Decision, Quota, State, evaluate};
 
 use parking_lot::Mutex;
 
-use super::table::{self, Cell, CellValue};
-use super::{Few, MemoryStore, put_cell, put_state, take_penalty, take_state};
+use super::table::{Cell, CellValue};
+use super::{MemoryStore, put_cell};
 use crate::identifier::Identifier;
 use crate::store::{Hit, LeaseKeys, Settlement};
-
-/// The states of one locked step, and where they go back.
-struct Step<'a> {
-    states: Few<State>,
-    penalty: Option<PenaltyState>,
-    penalty_config: Option<&'a sluice_core::Penalty>,
-}
 
 impl MemoryStore {
     /// Leases that expired instead of being released, so far: each is a holder that vanished
     /// (or forgot to release), worth a look in the client that took it.
     pub fn leases_expired(&self) -> u64 {
         self.inner.leases_expired.load(Ordering::Relaxed)
-    }
-
-    /// Locks the shards of `identifiers` (and of the penalty record), in shard order, hands
-    /// their states to `run`, and writes back what it left, dropping states that expired.
-    fn locked<R>(
-        &self,
-        identifiers: &[Identifier],
-        quotas: &[Quota],
-        penalty: Option<(&Identifier, &sluice_core::Penalty)>,
-        now: u64,
-        run: impl FnOnce(&mut Step<'_>) -> R,
-    ) -> R {
-        let ids: Few<&str> = identifiers
-            .iter()
-            .chain(penalty.map(|(id, _)| id))
-            .map(Identifier::as_str)
-            .collect();
-        let hashes: Few<u64> = ids.iter().map(|id| self.hash(id)).collect();
-        let mut order: Few<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Few<_> = order
-            .iter()
-            .map(|&i| (i, self.inner.shards[i].write()))
-            .collect();
-        let slots: Few<usize> = hashes
-            .iter()
-            .map(|&h| {
-                let shard = self.shard_of(h);
-                guards
-                    .iter()
-                    .position(|(i, _)| *i == shard)
-                    .expect("locked above")
-            })
-            .collect();
-        let leaves = identifiers.len();
-        let mut step = Step {
-            states: (0..leaves)
-                .map(|i| take_state(&mut guards[slots[i]].1, hashes[i], ids[i], &quotas[i]))
-                .collect(),
-            penalty: penalty
-                .map(|_| take_penalty(&mut guards[slots[leaves]].1, hashes[leaves], ids[leaves])),
-            penalty_config: penalty.map(|(_, config)| config),
-        };
-        let result = run(&mut step);
-
-        let mut swept = table::Swept::default();
-        for (i, state) in step.states.into_iter().enumerate() {
-            let table = &mut guards[slots[i]].1;
-            let expires_at = quotas[i].expires_at(&state);
-            if expires_at <= now {
-                table.remove(hashes[i], ids[i]);
-                continue;
-            }
-            let more = put_state(table, hashes[i], ids[i], state, expires_at, self, now);
-            swept.expired += more.expired;
-            swept.evicted += more.evicted;
-        }
-        if let (Some(record), Some(config)) = (step.penalty, step.penalty_config) {
-            let table = &mut guards[slots[leaves]].1;
-            let expires_at = config.expires_at(&record);
-            if expires_at <= now {
-                table.remove(hashes[leaves], ids[leaves]);
-            } else {
-                let value = CellValue::Penalty(record);
-                let more = put_cell(
-                    table,
-                    hashes[leaves],
-                    ids[leaves],
-                    value,
-                    expires_at,
-                    self,
-                    now,
-                );
-                swept.expired += more.expired;
-                swept.evicted += more.evicted;
-            }
-        }
-        drop(guards);
-        self.inner
-            .expired
-            .fetch_add(swept.expired, Ordering::Relaxed);
-        self.inner
-            .evictions
-            .fetch_add(swept.evicted, Ordering::Relaxed);
-        result
     }
 
     /// [`Store::acquire`](crate::Store::acquire), synchronously: the rule's rate leaves are

@@ -23,6 +23,7 @@
 //! cache miss, and are hashed from the key's words once per hit (see `words.rs`).
 
 mod leases;
+mod locked;
 mod table;
 mod words;
 
@@ -250,85 +251,10 @@ impl MemoryStore {
     /// The general path: exclusive locks on every shard involved, in shard order.
     fn decide_locked(&self, hit: &Hit<'_>, now: u64) -> Decision {
         let ev = &hit.evaluation;
-        // Every list below is on the stack for rules of up to four leaves (nearly all): seven
-        // heap allocations per decision were a third of a fixed-window hit's cost.
-        let ids: Few<&str> = hit
-            .identifiers
-            .iter()
-            .chain(hit.penalty_identifier)
-            .map(Identifier::as_str)
-            .collect();
-        let hashes: Few<u64> = ids.iter().map(|id| self.hash(id)).collect();
-        let mut order: Few<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Few<_> = order
-            .iter()
-            .map(|&i| (i, self.inner.shards[i].write()))
-            .collect();
-        let table_of = |hash: u64| -> usize {
-            let shard = self.shard_of(hash);
-            guards
-                .iter()
-                .position(|(i, _)| *i == shard)
-                .expect("locked above")
-        };
-        let slots: Few<usize> = hashes.iter().map(|&h| table_of(h)).collect();
-
-        let leaves = hit.identifiers.len();
-        let mut states: Few<State> = (0..leaves)
-            .map(|i| {
-                let table = &mut guards[slots[i]].1;
-                take_state(table, hashes[i], ids[i], &ev.quotas[i])
-            })
-            .collect();
-        let mut penalty: Option<PenaltyState> = hit.penalty_identifier.map(|id| {
-            let table = &mut guards[slots[leaves]].1;
-            take_penalty(table, hashes[leaves], id)
-        });
-
-        let outcome = evaluate(ev, &mut states, penalty.as_mut(), now);
-
-        let mut swept = table::Swept::default();
-        for (i, state) in states.into_iter().enumerate() {
-            let table = &mut guards[slots[i]].1;
-            let expires_at = ev.quotas[i].expires_at(&state);
-            if expires_at <= now {
-                table.remove(hashes[i], ids[i]);
-                continue;
-            }
-            let more = put_state(table, hashes[i], ids[i], state, expires_at, self, now);
-            swept.expired += more.expired;
-            swept.evicted += more.evicted;
-        }
-        if let (Some(record), Some(config)) = (penalty, ev.penalty) {
-            let table = &mut guards[slots[leaves]].1;
-            let expires_at = config.expires_at(&record);
-            if expires_at <= now {
-                table.remove(hashes[leaves], ids[leaves]);
-            } else {
-                let value = CellValue::Penalty(record);
-                let more = put_cell(
-                    table,
-                    hashes[leaves],
-                    ids[leaves],
-                    value,
-                    expires_at,
-                    self,
-                    now,
-                );
-                swept.expired += more.expired;
-                swept.evicted += more.evicted;
-            }
-        }
-        drop(guards);
-        self.inner
-            .expired
-            .fetch_add(swept.expired, Ordering::Relaxed);
-        self.inner
-            .evictions
-            .fetch_add(swept.evicted, Ordering::Relaxed);
-        outcome.decision
+        let penalty = hit.penalty_identifier.zip(ev.penalty);
+        self.locked(hit.identifiers, ev.quotas, penalty, now, |step| {
+            evaluate(ev, &mut step.states, step.penalty.as_mut(), now).decision
+        })
     }
 }
 
