@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -63,7 +62,7 @@ impl FromStr for LeaseId {
 }
 
 /// The concurrency leaves of one acquire: where its lease lives.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct LeaseParts {
     pub(crate) identifiers: Vec<Identifier>,
     pub(crate) quotas: Vec<Quota>,
@@ -97,7 +96,9 @@ pub struct Acquired {
 pub struct Lease {
     id: LeaseId,
     store: DynStore,
-    parts: Arc<LeaseParts>,
+    /// Held inline, not behind an `Arc`: a release in the background takes them (an `Arc`
+    /// per lease was an allocation and a free on every acquire + release).
+    parts: LeaseParts,
     done: bool,
 }
 
@@ -115,7 +116,7 @@ impl Lease {
         Lease {
             id,
             store,
-            parts: Arc::new(parts),
+            parts,
             done: false,
         }
     }
@@ -126,7 +127,7 @@ impl Lease {
         Lease {
             id,
             store,
-            parts: Arc::new(parts),
+            parts,
             done: true,
         }
     }
@@ -175,9 +176,8 @@ impl Drop for Lease {
                 None => self.release_in_background(),
             }
         }
-        if let Some(parts) = Arc::get_mut(&mut self.parts) {
-            parts.keep_spare();
-        }
+        // Empty when a release in the background took them.
+        self.parts.keep_spare();
     }
 }
 
@@ -185,9 +185,13 @@ impl Lease {
     /// Releases on a task of the current tokio runtime; with none, the lease expires by
     /// itself (a thread is never blocked on the store).
     #[cfg(feature = "tokio")]
-    fn release_in_background(&self) {
+    fn release_in_background(&mut self) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, parts, id) = (self.store.clone(), self.parts.clone(), self.id.0);
+            let (store, parts, id) = (
+                self.store.clone(),
+                std::mem::take(&mut self.parts),
+                self.id.0,
+            );
             runtime.spawn(async move {
                 let _ = store.release(&parts.keys(), id).await;
             });
@@ -195,7 +199,7 @@ impl Lease {
     }
 
     #[cfg(not(feature = "tokio"))]
-    fn release_in_background(&self) {}
+    fn release_in_background(&mut self) {}
 }
 
 /// The answer of [`Limiter::reserve`](crate::Limiter::reserve): the decision on the estimate,

@@ -152,6 +152,9 @@ pub struct CompiledPolicy {
     pub(crate) penalty_group: GroupAt,
     /// Some leaf is a concurrency leaf: hits take a lease ([`crate::Limiter::acquire`]).
     pub(crate) concurrent: bool,
+    /// Selector names of the concurrency leaves, sorted, each once: what a lease token
+    /// carries (made here once, not on every acquire).
+    pub(crate) lease_names: Vec<String>,
     /// `prefetch=N` on the rule's one leaf: the block size and its rate's span.
     pub(crate) prefetch: Option<(u64, std::time::Duration)>,
 }
@@ -265,7 +268,15 @@ impl CompiledPolicy {
                 .collect()
         });
         let prefetch = prefetch_of(&policy, &leaves)?;
+        let mut lease_names: Vec<String> = leaves
+            .iter()
+            .filter(|l| l.leaf.is_concurrency())
+            .flat_map(|l| l.leaf.selector.names().iter().cloned())
+            .collect();
+        lease_names.sort();
+        lease_names.dedup();
         Ok(CompiledPolicy {
+            lease_names,
             prefetch,
             concurrent: leaves.iter().any(|l| l.leaf.is_concurrency()),
             quotas: leaves.iter().map(|l| l.quota).collect(),

@@ -232,16 +232,7 @@ impl Limiter {
 /// The selector names of a policy's concurrency leaves, sorted, each once: what a lease
 /// token carries.
 fn lease_names(policy: &CompiledPolicy) -> impl Iterator<Item = &str> {
-    // On the stack: an acquire should not allocate for its token.
-    let mut names: smallvec::SmallVec<[&str; 4]> = policy
-        .leaves
-        .iter()
-        .filter(|l| l.leaf.is_concurrency())
-        .flat_map(|l| l.leaf.selector.names().iter().map(String::as_str))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    names.into_iter()
+    policy.lease_names.iter().map(String::as_str)
 }
 
 /// Makes `kept` a copy of `identifier` in the room it already has.
