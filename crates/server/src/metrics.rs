@@ -20,6 +20,8 @@ use sluice_limiter::{Checked, Error, LimiterStats, MemoryStats};
 
 use crate::listener::ConnectionCounts;
 
+mod held;
+
 /// Upper bounds (seconds) of the latency histogram's buckets.
 const BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -76,6 +78,8 @@ pub(crate) struct LeaseCounts {
     reserved: AtomicU64,
     reserve_denied: AtomicU64,
     settled: AtomicU64,
+    /// The leases granted here and not seen ending: `sluice_leases_held`.
+    pub(crate) held: held::HeldLeases,
 }
 
 /// One event of [`LeaseCounts`].
@@ -109,7 +113,7 @@ impl LeaseCounts {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn render(&self, out: &mut String) {
+    fn render(&self, out: &mut String, now: u64) {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         out.push_str("# HELP sluice_leases_total Concurrency leases by what happened: acquired, denied, released, expired (released or renewed after its lease time), not_held, renewed.\n# TYPE sluice_leases_total counter\n");
         for (result, counter) in [
@@ -124,6 +128,14 @@ impl LeaseCounts {
                 out,
                 "sluice_leases_total{{result=\"{result}\"}} {}",
                 load(counter)
+            );
+        }
+        out.push_str("# HELP sluice_leases_held Leases granted through this process that it has not seen end: released or found expired through it, or past their lease time. A lease released through another server counts here until its lease time passes.\n# TYPE sluice_leases_held gauge\n");
+        for (policy, held) in self.held.by_policy(now) {
+            let _ = writeln!(
+                out,
+                "sluice_leases_held{{policy=\"{}\"}} {held}",
+                escape(&policy)
             );
         }
         out.push_str("# HELP sluice_reservations_total Reservations by what happened: reserved, denied, settled.\n# TYPE sluice_reservations_total counter\n");
@@ -223,7 +235,9 @@ impl Metrics {
 
     /// The text exposition, with the limiters' counts and the memory store's, if that is
     /// the store.
-    pub fn render(&self, stats: LimiterStats, memory: Option<MemoryStats>) -> String {
+    /// The text of `/metrics`; `now` is the limiter's clock (when leases counted as held
+    /// stop being held).
+    pub fn render(&self, stats: LimiterStats, memory: Option<MemoryStats>, now: u64) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str("# HELP sluice_decisions_total Decisions by policy and result.\n");
         out.push_str("# TYPE sluice_decisions_total counter\n");
@@ -352,7 +366,7 @@ impl Metrics {
             );
         }
         self.audit.render(&mut out);
-        self.leases.render(&mut out);
+        self.leases.render(&mut out, now);
         if let Some(memory) = memory {
             let _ = writeln!(
                 out,

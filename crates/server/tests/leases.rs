@@ -120,6 +120,58 @@ fn leases_are_taken_renewed_and_given_back_over_http() {
     assert_eq!(metric(&server, series), 1);
 }
 
+/// `sluice_leases_held{policy}` counts the leases this server granted until it sees them
+/// end: released (or found expired) through it. A renew keeps one counted; a denied
+/// acquire, a second release and a release of another policy's token change nothing.
+#[test]
+fn leases_held_counts_what_this_server_granted_until_it_ends() {
+    let (server, _clock) = start();
+    let held = |policy: &str| {
+        let series = format!("sluice_leases_held{{policy=\"{policy}\"}}");
+        let (_, text) = curl("GET", &format!("{}/metrics", server.base), None);
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series.as_str())?
+                    .strip_prefix(' ')?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0u64)
+    };
+    assert_eq!(held("jobs"), 0);
+    let tokens: Vec<String> = ["alice", "alice", "bob"]
+        .iter()
+        .map(|user| {
+            acquire(&server, "jobs", user)["lease"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(acquire(&server, "jobs", "alice")["allowed"], false);
+    let other = acquire(&server, "other", "alice")["lease"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!((held("jobs"), held("other")), (3, 1));
+
+    let (status, _) = lease_call(&server, "/v1/renew", "jobs", &tokens[0]);
+    assert_eq!(status, 200);
+    assert_eq!(held("jobs"), 3);
+    let (_, released) = lease_call(&server, "/v1/release", "jobs", &tokens[0]);
+    assert_eq!(released["released"], "released");
+    assert_eq!(held("jobs"), 2);
+    let (_, again) = lease_call(&server, "/v1/release", "jobs", &tokens[0]);
+    assert_eq!(again["released"], "not_held");
+    assert_eq!(held("jobs"), 2);
+    for token in &tokens[1..] {
+        lease_call(&server, "/v1/release", "jobs", token);
+    }
+    assert_eq!((held("jobs"), held("other")), (0, 1));
+    lease_call(&server, "/v1/release", "other", &other);
+    assert_eq!(held("other"), 0);
+}
+
 /// A refused acquire or reservation is a refusal like a check's: it reaches the recent
 /// refusals, the heavy hitters and the audit trail.
 #[test]

@@ -96,6 +96,22 @@ pub(crate) async fn acquire(
             Some(_) => LeaseEvent::Acquired,
             None => LeaseEvent::Denied,
         });
+        if let Some(lease) = &acquired.lease {
+            let now = service.limiter().clock().now();
+            // Held until the longest lease time of the rule's concurrency leaves.
+            let lease_time = policy
+                .leaves
+                .iter()
+                .filter(|l| l.leaf.is_concurrency())
+                .map(|l| l.quota.window_ticks().saturating_mul(l.quota.tick()))
+                .max()
+                .unwrap_or(0);
+            let lease_time = Duration::from_nanos(lease_time);
+            metrics
+                .leases
+                .held
+                .granted(policy.name(), lease.id().0, lease_time, now);
+        }
     }
     result
 }
@@ -107,11 +123,11 @@ pub(crate) async fn release(
     token: &str,
 ) -> Result<Released, TokenError> {
     let lease: Lease = service.limiter().lease(policy, token)?;
+    let id = lease.id().0;
     let released = lease.release().await?;
-    service
-        .metrics()
-        .leases
-        .count(LeaseEvent::Released(released));
+    let leases = &service.metrics().leases;
+    leases.count(LeaseEvent::Released(released));
+    leases.held.ended(id);
     Ok(released)
 }
 
@@ -124,10 +140,18 @@ pub(crate) async fn renew(
 ) -> Result<Option<Duration>, TokenError> {
     let lease = service.limiter().lease(policy, token)?;
     let left = lease.renew().await?;
-    service.metrics().leases.count(match left {
+    let leases = &service.metrics().leases;
+    leases.count(match left {
         Some(_) => LeaseEvent::Renewed,
         None => LeaseEvent::RenewExpired,
     });
+    match left {
+        Some(left) => {
+            let now = service.limiter().clock().now();
+            leases.held.renewed(lease.id().0, left, now);
+        }
+        None => leases.held.ended(lease.id().0),
+    }
     Ok(left)
 }
 

@@ -24,7 +24,10 @@ pub(super) fn router(service: Arc<Service>) -> Router {
 
 async fn metrics(State(service): State<Arc<Service>>) -> Response {
     let memory = service.limiter().store().as_memory().map(|m| m.stats());
-    let mut body = service.metrics().render(service.limiter_stats(), memory);
+    let now = service.limiter().clock().now();
+    let mut body = service
+        .metrics()
+        .render(service.limiter_stats(), memory, now);
     let now = service.limiter().clock().now();
     service.heavy_hitters().render_metrics(now, &mut body);
     (
