@@ -49,28 +49,23 @@ fn every_algorithm_admits_exactly_its_limit_across_threads() {
         let one = format!("user:{LIMIT}/d algorithm={algorithm}");
         // The same counter (same identifier) through a compound rule: the general path.
         let two = format!("{one}; user:{}/d algorithm={algorithm}", LIMIT * 100);
-        let limiter = Arc::new(
-            Limiter::builder(MemoryStore::new())
-                .policy(Policy::new("one", &one).unwrap().key("api"))
-                .policy(Policy::new("two", &two).unwrap().key("api"))
-                .build()
-                .unwrap(),
-        );
+        let fresh = || {
+            Arc::new(
+                Limiter::builder(MemoryStore::new())
+                    .policy(Policy::new("one", &one).unwrap().key("api"))
+                    .policy(Policy::new("two", &two).unwrap().key("api"))
+                    .build()
+                    .unwrap(),
+            )
+        };
         // One-leaf hits only, then one-leaf and compound hits mixed, each on a fresh store.
         assert_eq!(
-            admitted(&limiter, &["one"]),
+            admitted(&fresh(), &["one"]),
             LIMIT,
             "{algorithm}: one-leaf hits"
         );
-        let limiter = Arc::new(
-            Limiter::builder(MemoryStore::new())
-                .policy(Policy::new("one", &one).unwrap().key("api"))
-                .policy(Policy::new("two", &two).unwrap().key("api"))
-                .build()
-                .unwrap(),
-        );
         assert_eq!(
-            admitted(&limiter, &["one", "two"]),
+            admitted(&fresh(), &["one", "two"]),
             LIMIT,
             "{algorithm}: one-leaf and compound hits on one counter"
         );

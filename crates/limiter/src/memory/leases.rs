@@ -124,12 +124,7 @@ impl MemoryStore {
                         let value = CellValue::Leases(Mutex::new(leases));
                         let swept = put_cell(&mut table, hash, id, value, 0, self, now);
                         drop(table);
-                        self.inner
-                            .expired
-                            .fetch_add(swept.expired, Ordering::Relaxed);
-                        self.inner
-                            .evictions
-                            .fetch_add(swept.evicted, Ordering::Relaxed);
+                        self.count_swept(swept);
                         (0, verdict)
                     }
                 }

@@ -96,12 +96,17 @@ impl MemoryStore {
             }
         }
         drop(guards);
+        self.count_swept(swept);
+        result
+    }
+
+    /// Adds what making room dropped to the store's counts (after the locks are let go).
+    pub(super) fn count_swept(&self, swept: table::Swept) {
         self.inner
             .expired
             .fetch_add(swept.expired, Ordering::Relaxed);
         self.inner
             .evictions
             .fetch_add(swept.evicted, Ordering::Relaxed);
-        result
     }
 }
