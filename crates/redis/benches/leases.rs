@@ -1,12 +1,17 @@
 //! Concurrency leases on Redis: acquire + release pairs per second on one key, beside the
 //! rate check (one GCRA leaf, the store's batched path) and a rate check through the full
-//! decision script (one sliding-window leaf, one script call per check, as an acquire is)
-//! on the same redis-server in the same run; 50 concurrent callers over the store's one
-//! multiplexed connection, 3 alternating rounds, medians. Redis CPU per operation is the redis-server's user + system time
-//! (`/proc/PID/stat`) over the operations made; the server is pinned to one core when
-//! `taskset` exists. Target: an acquire + release costs at most 2 rate checks.
+//! decision script (one sliding-window leaf, one script call per check, as an acquire of a
+//! compound rule is) on the same redis-server in the same run; 50 concurrent callers over
+//! the store's one multiplexed connection, 3 alternating rounds, medians. Redis CPU per
+//! operation is the redis-server's user + system time (`/proc/PID/stat`) over the
+//! operations made; the server is pinned to one core when `taskset` exists. Target: an
+//! acquire + release costs at most 2 rate checks. Both the rate checks and the lease steps
+//! of a one-leaf rule are batched by the store; the run also prints how many operations
+//! shared a script call, the time spent inside scripts (`INFO commandstats`, wall time) and
+//! the Redis commands an acquire + release made.
 //! Run: `cargo bench -p sluice-redis --bench leases`.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +29,37 @@ const ROUNDS: usize = 3;
 /// The redis-server's CPU time so far (user + system), in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     sluice_testkit::bench::cpu_seconds(Some(pid), false).expect("/proc/PID/stat")
+}
+
+/// Each command Redis ran so far, scripts' own commands included: its calls and the
+/// microseconds spent in it (`INFO commandstats`).
+fn commands(redis: &RedisServer) -> BTreeMap<String, (f64, f64)> {
+    let info = redis.cli(&["INFO", "commandstats"]).expect("INFO");
+    let field = |line: &str, name: &str| -> f64 {
+        line.split(name)
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0)
+    };
+    info.lines()
+        .filter_map(|line| {
+            let (name, _) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            Some((
+                name.to_owned(),
+                (field(line, "calls="), field(line, "usec=")),
+            ))
+        })
+        .collect()
+}
+
+/// Script calls (EVAL, EVALSHA and FCALL) in `commands` and the microseconds spent in them:
+/// the time inside the scripts, not reading and answering.
+fn script_calls(commands: &BTreeMap<String, (f64, f64)>) -> (f64, f64) {
+    ["evalsha", "eval", "fcall"]
+        .iter()
+        .filter_map(|name| commands.get(*name))
+        .fold((0.0, 0.0), |(calls, usec), (c, u)| (calls + c, usec + u))
 }
 
 /// Acquire + release pairs per second from `callers` tasks on one lease set of `quota`.
@@ -67,16 +103,32 @@ async fn pairs_per_second(
 struct Rounds {
     per_s: Vec<f64>,
     cpu_us: Vec<f64>,
+    /// Operations per script call.
+    per_call: Vec<f64>,
+    /// Microseconds inside scripts per operation.
+    in_script_us: Vec<f64>,
 }
 
 impl Rounds {
-    fn push(&mut self, per_s: f64, seconds: f64, cpu: f64) {
+    /// One round: `per_s` operations a second for `seconds`, `cpu` seconds of Redis CPU, and
+    /// the script calls and microseconds inside them (`ops` operations each) it took.
+    fn push(&mut self, per_s: f64, seconds: f64, cpu: f64, (calls, usec): (f64, f64), ops: f64) {
+        let done = per_s * seconds * ops;
         self.per_s.push(per_s);
         self.cpu_us.push(cpu * 1e6 / (per_s * seconds));
+        self.per_call.push(done / calls.max(1.0));
+        self.in_script_us.push(usec / done.max(1.0));
     }
 
     fn medians(&self) -> (f64, f64) {
         (median(self.per_s.clone()), median(self.cpu_us.clone()))
+    }
+
+    fn script_medians(&self) -> (f64, f64) {
+        (
+            median(self.per_call.clone()),
+            median(self.in_script_us.clone()),
+        )
     }
 }
 
@@ -131,12 +183,20 @@ fn main() {
     )]]);
 
     let mut rounds = [Rounds::default(), Rounds::default(), Rounds::default()];
+    // Redis commands per acquire + release in the last round, the scripts' own included.
+    let mut pair_commands: Vec<(String, f64)> = Vec::new();
     for round in 0..ROUNDS {
         // Rotate which goes first, so a drift of the shared machine hits all alike.
         for n in 0..3 {
             let which = (n + round) % 3;
             let cpu = cpu_seconds(pid);
+            let before = commands(&redis);
+            let scripts = script_calls(&before);
             let started = Instant::now();
+            let scripts_since = |redis: &RedisServer| {
+                let (calls, usec) = script_calls(&commands(redis));
+                (calls - scripts.0, usec - scripts.1)
+            };
             if which < 2 {
                 let (quota, keys) = if which == 0 {
                     (check_quota, check_keys.clone())
@@ -146,7 +206,8 @@ fn main() {
                 let rate =
                     runtime.block_on(decisions_per_second(&store, quota, keys, CALLERS, ROUND));
                 let seconds = started.elapsed().as_secs_f64();
-                rounds[which].push(rate, seconds, cpu_seconds(pid) - cpu);
+                let cpu = cpu_seconds(pid) - cpu;
+                rounds[which].push(rate, seconds, cpu, scripts_since(&redis), 1.0);
             } else {
                 let rate = runtime.block_on(pairs_per_second(
                     &store,
@@ -156,7 +217,18 @@ fn main() {
                     ROUND,
                 ));
                 let seconds = started.elapsed().as_secs_f64();
-                rounds[2].push(rate, seconds, cpu_seconds(pid) - cpu);
+                let cpu = cpu_seconds(pid) - cpu;
+                // Two operations a pair: the acquire and the release.
+                rounds[2].push(rate, seconds, cpu, scripts_since(&redis), 2.0);
+                let pairs = rate * seconds;
+                pair_commands = commands(&redis)
+                    .into_iter()
+                    .filter_map(|(name, (calls, _))| {
+                        let was = before.get(&name).map_or(0.0, |c| c.0);
+                        let per_pair = (calls - was) / pairs;
+                        (per_pair >= 0.005).then_some((name, per_pair))
+                    })
+                    .collect();
             }
         }
         let last = |r: &Rounds| r.per_s.last().copied().unwrap_or(0.0);
@@ -168,6 +240,7 @@ fn main() {
             last(&rounds[2])
         );
     }
+    let scripts = rounds.each_ref().map(Rounds::script_medians);
     let [
         (check_rate, check_cpu),
         (full_rate, full_cpu),
@@ -190,5 +263,22 @@ fn main() {
         pair_cpu / check_cpu,
         full_rate / pair_rate,
         pair_cpu / full_cpu
+    );
+    for (name, (per_call, inside)) in ["rate check", "full-script check", "acquire or release"]
+        .iter()
+        .zip(scripts)
+    {
+        println!(
+            "  {name}: {per_call:.1} per script call, {inside:.2} us inside scripts each \
+             (INFO commandstats)"
+        );
+    }
+    let per_pair: Vec<String> = pair_commands
+        .iter()
+        .map(|(name, n)| format!("{name} {n:.2}"))
+        .collect();
+    println!(
+        "  Redis commands per acquire + release (last round): {}",
+        per_pair.join(", ")
     );
 }

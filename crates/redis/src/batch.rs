@@ -1,7 +1,8 @@
 //! Batching: lean GCRA decisions waiting for the same connection go to Redis as one call of
-//! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer).
+//! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer); the
+//! single-leaf lease steps go the same way in their own queue (`src/lease_batch.rs`).
 //!
-//! Callers queue their hit; one writer task per store takes what is queued, at most
+//! Callers queue their hit; one writer task per store and kind takes what is queued, at most
 //! [`MAX_BATCH`] hits, and sends it. There is no timer: a hit that finds the queue empty and
 //! a call slot free goes at once, alone; hits that arrive while [`IN_FLIGHT`] calls are
 //! already out wait for the next one and go together. So batching adds no latency at low
@@ -14,6 +15,7 @@
 //! less than one server does; [`IN_FLIGHT_CLUSTER`] lets more batches out at once so it
 //! never waits behind its own queue.
 
+use std::future::Future;
 use std::sync::{Arc, Weak};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -43,15 +45,41 @@ pub(crate) struct Pending {
     pub reply: oneshot::Sender<Result<i64, RedisError>>,
 }
 
-/// The queue of a store's lean hits; its writer task ends when the store is dropped.
-pub(crate) struct Batcher {
-    queue: mpsc::UnboundedSender<Pending>,
+/// One kind of queued step that goes to Redis in batches.
+pub(crate) trait Batched: Send + Sized + 'static {
+    /// Its key's Cluster slot (0 on a standalone server).
+    fn slot(&self) -> u16;
+    /// Whether to leave it out of the batch: its caller stopped waiting (its timeout passed)
+    /// and sending it would change what nobody learns about.
+    fn abandoned(&self) -> bool;
+    /// Sends `batch` (keys of one slot on a Cluster) as one script call and answers each.
+    fn send(store: RedisStore, batch: Vec<Self>) -> impl Future<Output = ()> + Send;
 }
 
-impl Batcher {
+impl Batched for Pending {
+    fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    fn abandoned(&self) -> bool {
+        // Not sending a hit nobody waits for keeps it from counting.
+        self.reply.is_closed()
+    }
+
+    async fn send(store: RedisStore, batch: Vec<Self>) {
+        send(&store, batch).await;
+    }
+}
+
+/// The queue of a store's steps of one kind; its writer task ends when the store is dropped.
+pub(crate) struct Batcher<P: Batched = Pending> {
+    queue: mpsc::UnboundedSender<P>,
+}
+
+impl<P: Batched> Batcher<P> {
     /// Starts the writer task on the current runtime (the one the connection's own tasks
     /// run on). `store` is weak so that the task does not keep the store alive.
-    pub(crate) fn start(store: Weak<Inner>, cluster: bool) -> Batcher {
+    pub(crate) fn start(store: Weak<Inner>, cluster: bool) -> Batcher<P> {
         let (queue, hits) = mpsc::unbounded_channel();
         let slots = if cluster {
             IN_FLIGHT_CLUSTER
@@ -63,7 +91,7 @@ impl Batcher {
     }
 
     /// Queues `pending`; an error when the writer task is gone (its runtime shut down).
-    pub(crate) fn submit(&self, pending: Pending) -> Result<(), RedisError> {
+    pub(crate) fn submit(&self, pending: P) -> Result<(), RedisError> {
         self.queue.send(pending).map_err(|_| gone())
     }
 }
@@ -78,9 +106,9 @@ pub(crate) fn gone() -> RedisError {
 
 /// The writer: waits for a call slot, then for a hit, takes what else is queued (up to
 /// [`MAX_BATCH`]) and sends it in a task of its own, so the next batch can form meanwhile.
-async fn write(
+async fn write<P: Batched>(
     store: Weak<Inner>,
-    mut hits: mpsc::UnboundedReceiver<Pending>,
+    mut hits: mpsc::UnboundedReceiver<P>,
     slots: Arc<Semaphore>,
     cluster: bool,
 ) {
@@ -99,9 +127,8 @@ async fn write(
                 Err(_) => break,
             }
         }
-        // A caller that stopped waiting (its timeout passed) gets no decision: not sending
-        // its hit keeps it from counting.
-        batch.retain(|pending| !pending.reply.is_closed());
+        // A caller that stopped waiting (its timeout passed) gets no answer.
+        batch.retain(|pending| !pending.abandoned());
         if batch.is_empty() {
             continue;
         }
@@ -113,7 +140,7 @@ async fn write(
             if cluster {
                 send_by_slot(&store, batch).await;
             } else {
-                send(&store, batch).await;
+                P::send(store, batch).await;
             }
             drop(slot);
         });
@@ -121,15 +148,15 @@ async fn write(
 }
 
 /// Sends a Cluster batch as one call per slot, all at once.
-async fn send_by_slot(store: &RedisStore, mut batch: Vec<Pending>) {
-    batch.sort_by_key(|pending| pending.slot);
+/// The sort is stable: the steps of one slot keep their order of arrival.
+async fn send_by_slot<P: Batched>(store: &RedisStore, mut batch: Vec<P>) {
+    batch.sort_by_key(P::slot);
     let mut calls = tokio::task::JoinSet::new();
     while let Some(last) = batch.last() {
-        let slot = last.slot;
-        let at = batch.partition_point(|pending| pending.slot < slot);
+        let slot = last.slot();
+        let at = batch.partition_point(|pending| pending.slot() < slot);
         let group = batch.split_off(at);
-        let store = store.clone();
-        calls.spawn(async move { send(&store, group).await });
+        calls.spawn(P::send(store.clone(), group));
     }
     while calls.join_next().await.is_some() {}
 }

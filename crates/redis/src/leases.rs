@@ -1,5 +1,8 @@
 //! Concurrency leases and reservations on Redis: each step one script call per slot.
 //!
+//! - A rule of one concurrency leaf (no penalty), the common case: its acquires, releases
+//!   and renews are batched with the others waiting (`src/lease_batch.rs`), each answered
+//!   as the single-step scripts below would.
 //! - `acquire`: [`ACQUIRE`] decides the rule's rate leaves as a check does and, when the
 //!   rule admits, adds the lease to each concurrency leaf's lease set, in one call. An `or`
 //!   rule whose keys fall in several Cluster slots is decided slot by slot
@@ -21,6 +24,7 @@ use sluice_core::{Algorithm, Decision, Quota};
 use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement};
 
 use crate::RedisError;
+use crate::lease_batch::{LeaseAnswer, LeaseStep};
 use crate::script::{
     ACQUIRE, RELEASE, RENEW, RESERVE, SETTLE, TICK_NS, algorithm_code, arguments, decision, micro,
 };
@@ -53,12 +57,31 @@ impl RedisStore {
         Ok(())
     }
 
-    /// [`Store::acquire`](sluice_limiter::Store::acquire): one script call.
+    /// [`Store::acquire`](sluice_limiter::Store::acquire): one script call, batched for a
+    /// rule of one concurrency leaf.
     pub(crate) async fn acquire_lease(
         &self,
         hit: &Hit<'_>,
         lease: u64,
     ) -> Result<Decision, RedisError> {
+        let ev = &hit.evaluation;
+        if let ([id], [quota], None, None) = (
+            hit.identifiers,
+            ev.quotas,
+            ev.penalty,
+            hit.penalty_identifier,
+        ) && quota.algorithm() == Algorithm::Concurrency
+        {
+            let q = micro(quota)?;
+            let step = LeaseStep::Acquire {
+                limit: q.limit(),
+                lease: q.window_ticks(),
+            };
+            return match self.lease_step(id, step, lease).await? {
+                LeaseAnswer::Acquired { decision, .. } => Ok(decision.occupied()),
+                other => Err(unexpected(other)),
+            };
+        }
         let decision = if self.is_cluster() && !one_slot(hit) {
             // Boxed: the nested futures of the steps across slots would otherwise make
             // every caller's future type too deep for the compiler's layout queries.
@@ -82,12 +105,19 @@ impl RedisStore {
         })
     }
 
-    /// [`Store::release`](sluice_limiter::Store::release): one script call per slot.
+    /// [`Store::release`](sluice_limiter::Store::release): one script call per slot,
+    /// batched for one lease set.
     pub(crate) async fn release_lease(
         &self,
         leases: &LeaseKeys<'_>,
         lease: u64,
     ) -> Result<Released, RedisError> {
+        if let [id] = leases.identifiers {
+            return match self.lease_step(id, LeaseStep::Release, lease).await? {
+                LeaseAnswer::Released(found) => Ok(found),
+                other => Err(unexpected(other)),
+            };
+        }
         let mut found = Released::NotHeld;
         for group in self.by_slot(leases.identifiers) {
             let keys: Vec<String> = group.iter().map(|&i| key(&leases.identifiers[i])).collect();
@@ -99,15 +129,28 @@ impl RedisStore {
                 other => return Err(RedisError::Reply(format!("release answered {other}"))),
             }
         }
+        if found == Released::Expired {
+            self.count_expired(1);
+        }
         Ok(found)
     }
 
-    /// [`Store::renew`](sluice_limiter::Store::renew): one script call per slot.
+    /// [`Store::renew`](sluice_limiter::Store::renew): one script call per slot, batched
+    /// for one lease set.
     pub(crate) async fn renew_lease(
         &self,
         leases: &LeaseKeys<'_>,
         lease: u64,
     ) -> Result<Option<Duration>, RedisError> {
+        if let ([id], [quota]) = (leases.identifiers, leases.quotas) {
+            let step = LeaseStep::Renew {
+                lease: micro(quota)?.window_ticks(),
+            };
+            return match self.lease_step(id, step, lease).await? {
+                LeaseAnswer::Renewed(left) => Ok(left.map(|n| ticks(n, TICK_NS))),
+                other => Err(unexpected(other)),
+            };
+        }
         let mut left: Option<u64> = None;
         for group in self.by_slot(leases.identifiers) {
             let keys: Vec<String> = group.iter().map(|&i| key(&leases.identifiers[i])).collect();
@@ -170,6 +213,11 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// A batched step answered as another kind of step: the store's fault.
+fn unexpected(answer: LeaseAnswer) -> RedisError {
+    RedisError::Reply(format!("a lease step answered {answer:?}"))
 }
 
 /// The keys of a hit's leaves, then of its penalty record.

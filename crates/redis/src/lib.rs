@@ -52,6 +52,18 @@
 //!   A release answers `Expired` for a lease past its expiry while its set still holds it;
 //!   once every lease of a set has expired Redis has dropped the key, and it answers
 //!   `NotHeld`.
+//! - A rule of **one concurrency leaf** without a penalty, the common case, has its
+//!   acquires, releases and renews **batched** as lean GCRA hits are (`src/lease_batch.rs`,
+//!   `src/lua/lease_batch.lua`): the steps waiting at once (at most 64, in their order of
+//!   arrival, split by slot on a Cluster) go as one script call that reads `TIME` once and
+//!   takes each step as the single-step scripts would, with the same answer and the same
+//!   writes (the shared vectors and a step-by-step comparison with the core check it). A
+//!   lone step goes at once; a call that fails fails every step in it. What a call learns
+//!   of a busy set (its size, its latest lease, that its expired leases are gone) spares
+//!   asking Redis again, so a step there costs about one write.
+//! - [`RedisStore::leases_expired`] counts the leases that expired unreleased: dropped by a
+//!   batched acquire, or found expired by a release. A set whose every lease expired is
+//!   deleted by Redis with its key's expiry, and those leases are not counted.
 //! - **reserve** runs the decision script and answers Redis's time too; **settle** charges
 //!   the difference (`src/lua/reservations.lua`, the core's `settle`), one call per slot,
 //!   never refused.
@@ -68,6 +80,7 @@
 
 mod batch;
 mod error;
+mod lease_batch;
 mod leases;
 // Public only for this crate's tests, which run the Lua algorithms against the shared
 // vectors; not part of the API.

@@ -194,6 +194,21 @@ pub static GCRA_BATCH: LazyLock<Lua> = LazyLock::new(|| {
 /// The lean script's body alone, for test entry points that define `now` themselves.
 pub const GCRA_BATCH_LUA: &str = include_str!("lua/gcra_batch.lua");
 
+/// The lean script for the lease steps of rules of one concurrency leaf (acquire, release,
+/// renew), taking a batch of them in order, each as its single-step entry would: see
+/// `src/lease_batch.rs`.
+pub static LEASE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/redis_now.lua"),
+        include_str!("lua/lease_batch.lua")
+    ))
+});
+
+/// The lean lease script's body alone, for test entry points that define `now` themselves.
+pub const LEASE_BATCH_LUA: &str = include_str!("lua/lease_batch.lua");
+
+pub use crate::lease_batch::{LeaseAnswer, LeaseStep, lease_batch_answers, lease_batch_arguments};
+
 /// The script's number for `algorithm`. An algorithm the script does not know is an error,
 /// never another algorithm's decision.
 pub(crate) fn algorithm_code(algorithm: Algorithm) -> Result<u8, RedisError> {

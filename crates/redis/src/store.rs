@@ -14,6 +14,7 @@ use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
 use crate::batch::{Batcher, Pending, gone};
+use crate::lease_batch::LeasePending;
 use crate::script::{DECIDE, LIBRARY, LeanGcra, Lua, arguments, decision};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
@@ -66,6 +67,10 @@ pub(crate) struct Inner {
     connection: Connection,
     /// The queue of lean GCRA hits, sent in batches.
     batcher: Batcher,
+    /// The queue of single-leaf lease steps, sent in batches.
+    lease_batcher: Batcher<LeasePending>,
+    /// Leases found expired instead of released (see [`RedisStore::leases_expired`]).
+    leases_expired: AtomicU64,
     timeout: Duration,
     /// Replicas each decision must reach (`WAIT`) before it counts; 0: none.
     wait_replicas: u32,
@@ -174,6 +179,8 @@ impl RedisStoreBuilder {
             inner: Arc::new_cyclic(|store| Inner {
                 connection,
                 batcher: Batcher::start(store.clone(), cluster),
+                lease_batcher: Batcher::start(store.clone(), cluster),
+                leases_expired: AtomicU64::new(0),
                 timeout: self.timeout,
                 wait_replicas: self.wait_replicas,
                 token_seed: token_seed(),
@@ -219,6 +226,25 @@ impl RedisStore {
 
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.connection, Connection::Cluster(_))
+    }
+
+    /// Concurrency leases that expired instead of being released, counted by this store and
+    /// its clones so far: each is a holder that vanished (or forgot to release), worth a look
+    /// in the client that took it. Counted are the expired leases an acquire of a rule of
+    /// one concurrency leaf drops from its set, and releases that find their lease expired.
+    /// Not counted: a set whose every lease expired and whose key Redis then deleted by its
+    /// own expiry (`PEXPIRE`, the latest lease's), as no step sees those leases again, and
+    /// the leases dropped by an acquire of a rule of several leaves.
+    pub fn leases_expired(&self) -> u64 {
+        self.inner.leases_expired.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn expired_counter(&self) -> &AtomicU64 {
+        &self.inner.leases_expired
+    }
+
+    pub(crate) fn lease_batcher(&self) -> &Batcher<LeasePending> {
+        &self.inner.lease_batcher
     }
 
     pub(crate) fn next_token(&self) -> u64 {
@@ -456,17 +482,25 @@ impl RedisStore {
             },
             reply,
         })?;
-        let debt = match tokio::time::timeout(self.inner.timeout, answer).await {
-            Ok(Ok(debt)) => debt?,
-            Ok(Err(_)) => return Err(gone()),
+        let debt = self.await_batched(answer).await?;
+        lean.decision(debt)
+    }
+
+    /// Waits, within the store's timeout, for the answer of a step queued for a batch.
+    pub(crate) async fn await_batched<T>(
+        &self,
+        answer: tokio::sync::oneshot::Receiver<Result<T, RedisError>>,
+    ) -> Result<T, RedisError> {
+        match tokio::time::timeout(self.inner.timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(gone()),
             Err(_) => {
                 self.timed_out();
                 let timeout = Err(RedisError::Timeout(self.inner.timeout));
                 self.note_reachable(&timeout);
-                return timeout;
+                timeout
             }
-        };
-        lean.decision(debt)
+        }
     }
 
     /// Clears keys one by one (a cluster may hold them in different slots).

@@ -2,12 +2,17 @@
 //! the core's concurrency steps) replayed through the Lua translation on a real Redis: each
 //! case's acquire, release and renew steps run on one fresh lease set at the vector's `now`,
 //! and every answer, the unexpired leases left and the key's expiry must be the core's.
+//! Twice: through the single-step entries (acquire.lua, release.lua, renew.lua), and through
+//! the batched script (lease_batch.lua) as the store sends a rule of one leaf.
 
 use redis::Value;
 use serde_json::Value as Json;
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Recording, Shape, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{LEASES_LUA, TICK_NS, arguments};
+use sluice_redis::script::{
+    LEASE_BATCH_LUA, LEASES_LUA, LeaseAnswer, LeaseStep, TICK_NS, arguments, decision,
+    lease_batch_answers, lease_batch_arguments,
+};
 use sluice_testkit::RedisServer;
 
 const FILE_TEXT: &str = include_str!("../../core/tests/concurrency_vectors.json");
@@ -51,6 +56,32 @@ fn call(
         .unwrap_or_else(|e| panic!("script failed: {e}"))
 }
 
+/// The batched script's test entry: `now` is the last argument.
+fn batch_entry() -> String {
+    format!("local now = tonumber(ARGV[#ARGV])\n{LEASE_BATCH_LUA}")
+}
+
+/// Runs `step` alone through the batched script on `key` at `now`: its answer.
+fn call_batched(
+    con: &mut redis::Connection,
+    key: &str,
+    step: LeaseStep,
+    id: i64,
+    now: i64,
+) -> LeaseAnswer {
+    let args = lease_batch_arguments([(step, id as u64)]);
+    let reply = ints(&call(
+        con,
+        &batch_entry(),
+        "",
+        key,
+        &args.iter().map(u64::to_string).collect::<Vec<_>>(),
+        now,
+    ));
+    let mut answers = lease_batch_answers(&[step], &reply).unwrap_or_else(|e| panic!("{e}"));
+    answers.pop().expect("one answer")
+}
+
 fn ints(value: &Value) -> Vec<i64> {
     match value {
         Value::Array(items) => items.iter().flat_map(ints).collect(),
@@ -66,6 +97,7 @@ fn check_step(
     key: &str,
     quota: &Quota,
     step: &Json,
+    batched: bool,
 ) -> Vec<String> {
     let (op, id, now) = (
         step["op"].as_str().unwrap(),
@@ -74,6 +106,40 @@ fn check_step(
     );
     let mut problems = Vec::new();
     match op {
+        "acquire" if batched => {
+            let lease = LeaseStep::Acquire {
+                limit: quota.limit(),
+                lease: quota.window_ticks() / TICK_NS,
+            };
+            let want = decision(&acquire_reply(quota, step)).unwrap();
+            match call_batched(con, key, lease, id, now) {
+                LeaseAnswer::Acquired { decision, .. } if decision == want => {}
+                other => problems.push(format!("acquire answered {other:?}, core {want:?}")),
+            }
+        }
+        "release" if batched => {
+            let found = call_batched(con, key, LeaseStep::Release, id, now);
+            let name = match found {
+                LeaseAnswer::Released(found) => found.name(),
+                _ => "?",
+            };
+            if name != step["released"].as_str().unwrap() {
+                problems.push(format!("release answered {found:?}"));
+            }
+        }
+        "renew" if batched => {
+            let lease = LeaseStep::Renew {
+                lease: quota.window_ticks() / TICK_NS,
+            };
+            let want = match &step["expires_at"] {
+                Json::Null => None,
+                at => Some((int(at) - now) as u64),
+            };
+            let left = call_batched(con, key, lease, id, now);
+            if left != LeaseAnswer::Renewed(want) {
+                problems.push(format!("renew answered {left:?}, core {want:?}"));
+            }
+        }
         "acquire" => {
             // ARGV exactly as the production path builds it, then the lease and `now`.
             let ids = [Identifier::new(key)];
@@ -91,22 +157,7 @@ fn check_step(
             let mut args = arguments(&hit, 7).unwrap();
             args.push(id.to_string());
             let reply = ints(&call(con, lib, ACQUIRE, key, &args, now));
-            let allowed = step["allowed"].as_bool().unwrap();
-            let (retry, denial) = match &step["retry_us"] {
-                Json::Null => (-1, 0),
-                n if int(n) == -1 => (-1, 2),
-                n => (int(n), 1),
-            };
-            let limit = quota.limit() as i64;
-            let want = [
-                i64::from(allowed),
-                limit,
-                int(&step["remaining"]),
-                int(&step["reset_us"]),
-                retry,
-                denial,
-                0,
-            ];
+            let want = acquire_reply(quota, step);
             if reply != want {
                 problems.push(format!("acquire answered {reply:?}, core {want:?}"));
             }
@@ -177,8 +228,37 @@ fn check_step(
     problems
 }
 
+/// The single-step script's reply for the core's outcome of an acquire step.
+fn acquire_reply(quota: &Quota, step: &Json) -> [i64; 7] {
+    let allowed = step["allowed"].as_bool().unwrap();
+    let (retry, denial) = match &step["retry_us"] {
+        Json::Null => (-1, 0),
+        n if int(n) == -1 => (-1, 2),
+        n => (int(n), 1),
+    };
+    [
+        i64::from(allowed),
+        quota.limit() as i64,
+        int(&step["remaining"]),
+        int(&step["reset_us"]),
+        retry,
+        denial,
+        0,
+    ]
+}
+
 #[test]
 fn lua_reproduces_every_concurrency_vector() {
+    replay_vectors(false);
+}
+
+#[test]
+fn the_batched_lua_reproduces_every_concurrency_vector() {
+    replay_vectors(true);
+}
+
+/// Every vector step through the single-step entries, or alone through the batched script.
+fn replay_vectors(batched: bool) {
     let cases: Json = serde_json::from_str(FILE_TEXT).unwrap();
     let cases = cases.as_array().unwrap();
     assert!(cases.len() >= 20, "only {} cases", cases.len());
@@ -196,7 +276,7 @@ fn lua_reproduces_every_concurrency_vector() {
         let key = format!("lease-vector:{index}");
         for (n, step) in case["steps"].as_array().unwrap().iter().enumerate() {
             steps += 1;
-            let problems = check_step(&mut con, lib, &key, &quota, step);
+            let problems = check_step(&mut con, lib, &key, &quota, step, batched);
             if !problems.is_empty() {
                 failures.push(format!(
                     "case {index} step {n}:\n  {}\n  step: {step}",

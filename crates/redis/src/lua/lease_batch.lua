@@ -1,0 +1,230 @@
+-- sluice: the lean script for the lease steps of a rule of one concurrency leaf (acquire,
+-- release, renew), for a batch of such steps taken one after the other in one call, in
+-- order, each its own answer: a key named twice sees the earlier step's writes.
+--
+-- Each step is a translation of crates/core/src/algorithm/concurrency.rs (acquire,
+-- release, renew) on the lease sets of leases.lua (a sorted set per concurrency identifier:
+-- member the lease id, score its expiry in microseconds; the key's expiry its latest
+-- lease's), with the same writes and answers as the single-step entries (acquire.lua on a
+-- rule of one leaf, release.lua, renew.lua), checked against the same vectors and against
+-- the core step by step. Without the library: no table of algorithms built per call, and
+-- `now` (integer microseconds, Redis's TIME read once for the batch) is defined by the
+-- entry before this text (redis_now.lua, or the tests' `now`).
+--
+-- What a call has learnt of a key spares asking Redis again (`known` below): a busy lease
+-- set gets most of a batch's steps, and each then costs about one write.
+--
+-- KEYS: one per step, the lease set's key. ARGV: the number of quota sets S, then S pairs
+-- (limit, lease time in ticks), then two per step in KEYS' order: kind + 4 * set (kind 1
+-- acquire, 2 release, 3 renew; set from 1, 0 for a release) and the lease id.
+-- Reply: the steps' answers one after the other, in one flat array of integers:
+--   acquire: remaining (>= 0), when admitted with reset_after = the lease time and no
+--            expired lease dropped; else -1, then code (0 admitted, 1 denied until `retry`,
+--            2 denied for good), remaining, reset_after, retry (0 unless code 1) and the
+--            expired leases dropped (the store counts leases that expired unreleased)
+--   release: 1 released, 2 expired (kept but expired), 0 not held
+--   renew:   the time left on the renewed lease, or -1 when it is not held
+
+local now_s = string.format('%d', now)
+local out, n = {}, 0
+
+-- What this call knows of each key an acquire touched. That acquire dropped the expired
+-- leases at `now`, and nothing written since expires by `now` (a lease time is positive),
+-- so no later step finds an expired lease there: a second drop would remove nothing, and a
+-- lease found is unexpired. Of such a key:
+--   size  the set's size (every lease in it held)
+--   mine  lease id -> expiry, for the leases this call wrote (added or renewed)
+--   top   the latest expiry in `mine` (0 when empty)
+--   old   the latest expiry of the other leases, or more once one of them went (huge
+--         until read)
+--   exact whether `old` is still exactly theirs
+-- Every write below keeps these true.
+local known = {}
+
+-- The time strings of `now + lease`, by lease time.
+local stamps = {}
+
+-- The key lives as long as its latest lease (`expires_at`).
+local function expire(key, expires_at)
+  local ms = math.floor((expires_at - now + 999) / 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, ms)
+end
+
+-- Leases::expires_at: when every lease kept has expired (0 when none is kept).
+local function expires_at(key, k)
+  if k then
+    if k.old <= k.top then return k.top end
+    if k.exact then return k.old end
+  end
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local latest = 0
+  if top[2] then latest = tonumber(top[2]) end
+  if k then
+    k.old, k.exact = latest, latest > k.top
+  end
+  return latest
+end
+
+-- Lease `id` of a known key now expires at `at` (added, or renewed from `before`): when it
+-- was one of the others, their latest may have gone with it.
+local function wrote(k, id, at, before)
+  if not k.mine[id] and before and before >= k.old then k.exact = false end
+  k.mine[id] = at
+  if at > k.top then k.top = at end
+end
+
+-- Lease `id` left a known key.
+local function went(k, id)
+  k.size = k.size - 1
+  local at = k.mine[id]
+  if not at then
+    k.exact = false
+    return
+  end
+  k.mine[id] = nil
+  if at == k.top then
+    k.top = 0
+    for _, other in pairs(k.mine) do
+      if other > k.top then k.top = other end
+    end
+  end
+end
+
+-- concurrency::renew of lease `id`, held with expiry `score`, in a set whose latest lease
+-- expired at `latest` before: the key then expires with its latest lease, never sooner.
+-- The set's latest expiry now.
+local function renew_held(key, k, lease, id, score, latest)
+  local at = math.max(now + lease, score)
+  if at > score then redis.call('ZADD', key, string.format('%d', at), id) end
+  wrote(k, id, at, score)
+  if at > latest then
+    expire(key, at)
+    latest = at
+  end
+  return latest
+end
+
+-- concurrency::verdict from the unexpired leases' count `held` and the time `last` until the
+-- latest expires, answered (acquire's integers, after `dropped` expired leases went);
+-- whether it admits.
+local function verdict(limit, lease, key, cost, held, last, dropped)
+  if held + cost <= limit then
+    local reset = last
+    if cost > 0 then reset = math.max(last, lease) end
+    if reset == lease and dropped == 0 then
+      n = n + 1
+      out[n] = limit - held - cost
+    else
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
+        -1, 0, limit - held - cost, reset, 0, dropped
+      n = n + 6
+    end
+    return true
+  end
+  local code, retry = 2, 0
+  if cost <= limit then
+    -- `cost` slots are free once the `held + cost - limit` earliest leases have expired.
+    local needed = held + cost - limit
+    local kth = redis.call('ZRANGEBYSCORE', key, '(' .. now_s, '+inf', 'WITHSCORES', 'LIMIT', needed - 1, 1)
+    code = 1
+    if kth[2] then retry = tonumber(kth[2]) - now end
+  end
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
+    -1, code, math.max(limit - held, 0), last, retry, dropped
+  n = n + 6
+  return false
+end
+
+-- concurrency::acquire: drops the expired leases, renews `id` if it is held, else takes a
+-- slot if one is free. After the drop every lease kept is unexpired, so the set's size is
+-- `held`; while a slot is free both branches admit, and `ZADD NX` tells which is taken.
+local function acquire(key, limit, lease, id)
+  local k = known[key]
+  local dropped = 0
+  if not k then
+    dropped = redis.call('ZREMRANGEBYSCORE', key, '-inf', now_s)
+    k = { size = redis.call('ZCARD', key), mine = {}, top = 0, old = math.huge, exact = false }
+    known[key] = k
+  end
+  local held = k.size
+  local latest = expires_at(key, k)
+  local score
+  if held < limit then
+    local at = now + lease
+    local at_s = stamps[lease]
+    if not at_s then
+      at_s = string.format('%d', at)
+      stamps[lease] = at_s
+    end
+    if redis.call('ZADD', key, 'NX', at_s, id) == 1 then
+      -- concurrency::hold.
+      k.size = held + 1
+      wrote(k, id, at, nil)
+      if at > latest then expire(key, at) end
+      verdict(limit, lease, key, 1, held, math.max(latest - now, 0), dropped)
+      return
+    end
+    score = redis.call('ZSCORE', key, id)
+  else
+    score = redis.call('ZSCORE', key, id)
+    if not score then
+      verdict(limit, lease, key, 1, held, math.max(latest - now, 0), dropped)
+      return
+    end
+  end
+  -- Held: renewed, then the verdict of cost 0.
+  latest = renew_held(key, k, lease, id, tonumber(score), latest)
+  verdict(limit, lease, key, 0, held, math.max(latest - now, 0), dropped)
+end
+
+-- concurrency::release: other leases and the key's expiry are left as they are. On a known
+-- key every lease found is unexpired, so the removal alone answers.
+local function release(key, id)
+  local k = known[key]
+  if k then
+    if redis.call('ZREM', key, id) == 0 then return 0 end
+    went(k, id)
+    return 1
+  end
+  local score = redis.call('ZSCORE', key, id)
+  if not score then return 0 end
+  redis.call('ZREM', key, id)
+  if tonumber(score) > now then return 1 end
+  return 2
+end
+
+-- concurrency::renew: pushes `id` to one lease time past `now` if it is held; the key then
+-- expires with its latest lease.
+local function renew(key, lease, id)
+  local score = redis.call('ZSCORE', key, id)
+  if not score or tonumber(score) <= now then return -1 end
+  score = tonumber(score)
+  local at = math.max(now + lease, score)
+  redis.call('ZADD', key, string.format('%d', at), id)
+  local k = known[key]
+  if k then wrote(k, id, at, score) end
+  expire(key, expires_at(key, k))
+  return at - now
+end
+
+local sets = tonumber(ARGV[1])
+local limits, leases = {}, {}
+for s = 1, sets do
+  limits[s], leases[s] = tonumber(ARGV[s * 2]), tonumber(ARGV[s * 2 + 1])
+end
+local first = 1 + sets * 2
+for i = 1, #KEYS do
+  local op, id = tonumber(ARGV[first + 2 * i - 1]), ARGV[first + 2 * i]
+  local kind, set = op % 4, (op - op % 4) / 4
+  if kind == 1 then
+    acquire(KEYS[i], limits[set], leases[set], id)
+  elseif kind == 2 then
+    n = n + 1
+    out[n] = release(KEYS[i], id)
+  else
+    n = n + 1
+    out[n] = renew(KEYS[i], leases[set], id)
+  end
+end
+return out
