@@ -174,6 +174,24 @@ fn problem_body(denied: &Denied<'_>, status: StatusCode) -> String {
     out
 }
 
+/// The default body of a refusal by `policy` for `reason` with `decision`, as [`problem`]
+/// writes it (the pre-rendered refusal of a layer is cut from it).
+pub(crate) fn problem_text(policy: &str, reason: Reason, decision: &Decision) -> String {
+    let parts = http::Request::new(()).into_parts().0;
+    let denied = Denied {
+        policy,
+        reason,
+        decision: Some(decision),
+        client_ip: None,
+        selectors: &[],
+        request: &parts,
+        shadow: false,
+        challenge: None,
+        challenge_error: None,
+    };
+    problem_body(&denied, status_of(reason))
+}
+
 /// `text` as a JSON string: quoted, with `"`, `\\` and control characters escaped. Text
 /// with nothing to escape (nearly always) is copied whole.
 fn json_str(out: &mut String, text: &str) {

@@ -67,6 +67,9 @@ impl Filters {
     /// The lists' verdict on a client address. Deny wins over exempt; a request whose
     /// address is unknown is limited (never exempted by accident).
     pub(crate) fn admission(&self, client: Option<IpAddr>) -> Admission {
+        if self.deny.is_empty() && self.exempt.is_empty() {
+            return Admission::Limit;
+        }
         let Some(ip) = client.map(normalize) else {
             return Admission::Limit;
         };

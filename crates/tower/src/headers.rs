@@ -111,6 +111,25 @@ impl PolicyFields {
         denied: bool,
         which: Headers,
     ) {
+        self.apply_with(headers, decision, denied, which, None);
+    }
+
+    /// `RateLimit`'s value for `decision`.
+    pub(crate) fn ratelimit(&self, decision: &Decision) -> HeaderValue {
+        let id = self.ids.get(decision.leaf).unwrap_or(&self.ids[0]);
+        ratelimit_value(id, decision.remaining, whole_seconds(decision.reset_after))
+    }
+
+    /// [`apply`](Self::apply), with `RateLimit`'s value when the caller has it already
+    /// (what [`ratelimit`](Self::ratelimit) gives for `decision`).
+    pub(crate) fn apply_with(
+        &self,
+        headers: &mut HeaderMap,
+        decision: &Decision,
+        denied: bool,
+        which: Headers,
+        ratelimit: Option<HeaderValue>,
+    ) {
         let reset = whole_seconds(decision.reset_after);
         // One growth of the map instead of several.
         headers.reserve(
@@ -118,11 +137,8 @@ impl PolicyFields {
         );
         if which.ietf {
             headers.insert(RATELIMIT_POLICY.clone(), self.policy.clone());
-            let id = self.ids.get(decision.leaf).unwrap_or(&self.ids[0]);
-            headers.insert(
-                RATELIMIT.clone(),
-                ratelimit_value(id, decision.remaining, reset),
-            );
+            let value = ratelimit.unwrap_or_else(|| self.ratelimit(decision));
+            headers.insert(RATELIMIT.clone(), value);
         }
         if which.x_ratelimit {
             let limit = match self.limits.get(decision.leaf) {
@@ -177,32 +193,21 @@ fn static_value(text: &str) -> HeaderValue {
     HeaderValue::from_static(text)
 }
 
-/// `RateLimit`'s value, `"name";r=REMAINING;t=RESET`. Written by hand into a buffer on the
-/// stack: this runs on every response, and `format!` (or growing a vector piece by piece)
-/// is several times slower for so little text; the value then copies it once.
+/// `RateLimit`'s value, `"name";r=REMAINING;t=RESET`. Written by hand into a buffer of the
+/// exact size: this runs on every response, and `format!` (or growing a vector piece by
+/// piece) is several times slower for so little text; the value then takes the buffer
+/// without copying it.
 fn ratelimit_value(id: &str, remaining: u64, reset: u64) -> HeaderValue {
     let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let parts: [&[u8]; 5] = [
-        id.as_bytes(),
-        b";r=",
-        r.format(remaining).as_bytes(),
-        b";t=",
-        t.format(reset).as_bytes(),
-    ];
-    let mut buffer = [0u8; 128];
-    let len: usize = parts.iter().map(|part| part.len()).sum();
-    let value = if len <= buffer.len() {
-        let mut at = 0;
-        for part in parts {
-            buffer[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        HeaderValue::from_bytes(&buffer[..len])
-    } else {
-        // A policy name too long for the buffer.
-        HeaderValue::from_bytes(&parts.concat())
-    };
-    value.expect("a structured-field string and digits are visible ASCII")
+    let (r, t) = (r.format(remaining).as_bytes(), t.format(reset).as_bytes());
+    let mut out = Vec::with_capacity(id.len() + r.len() + t.len() + 6);
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b";r=");
+    out.extend_from_slice(r);
+    out.extend_from_slice(b";t=");
+    out.extend_from_slice(t);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out))
+        .expect("a structured-field string and digits are visible ASCII")
 }
 
 /// Integers below this come from a table made once.

@@ -130,6 +130,57 @@ async fn shadow_mode_admits_and_tells_the_audit_hook() {
     assert_eq!(stats_of.stats().denied, 0);
 }
 
+/// The usual refusal is pre-rendered into the request's own header map: the audit hook
+/// still sees the request as it came, and nothing of it reaches the answer.
+#[tokio::test]
+async fn the_default_refusal_tells_the_audit_hook_and_keeps_no_request_field() {
+    let seen_agent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = seen_agent.clone();
+    let layer = by_ip("ip:1/m")
+        .on_denied(move |d| {
+            let agent = d.request.headers.get("user-agent").unwrap();
+            log.lock().unwrap().push(agent.to_str().unwrap().to_owned());
+        })
+        .build()
+        .unwrap();
+    let stats_of = layer.clone();
+    let app = app(layer);
+    let request = || {
+        from(PEER, "GET", "/other")
+            .header("user-agent", "flood/1.0")
+            .header("x-request-id", "42")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(&app, request()).await.status, 200);
+    for _ in 0..3 {
+        let a = send(&app, request()).await;
+        assert_eq!(a.status, 429);
+        assert_eq!(a.header("content-type"), Some("application/problem+json"));
+        assert_eq!(a.header("retry-after"), Some("60"));
+        assert_eq!(a.header("ratelimit-policy"), Some("\"web\";q=1;w=60"));
+        let names: Vec<&str> = a.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "ratelimit-policy",
+                "ratelimit",
+                "retry-after",
+                // Added by axum's route.
+                "content-length",
+            ],
+            "no field of the request is left in the answer"
+        );
+        assert_eq!(
+            a.json()["detail"],
+            "rate limited by policy `web`; retry after 60 s"
+        );
+    }
+    assert_eq!(*seen_agent.lock().unwrap(), ["flood/1.0"; 3]);
+    assert_eq!(stats_of.stats().denied, 3);
+}
+
 #[tokio::test]
 async fn audit_and_render_hooks_see_denials() {
     let (seen, hook) = recorder();

@@ -183,8 +183,33 @@ const OCTETS: [([u8; 3], u8); 256] = {
     table
 };
 
-/// `a.b.c.d`, without `Display`'s machinery: each octet's digits from a table.
+/// `a.b.c.d`: the key of this thread's last address again when it is the same (a client's
+/// requests on one keep-alive connection, a flood from one address), else written anew.
+/// Copying the short inline string costs a tenth of writing and checking it.
 fn ipv4_key(v4: std::net::Ipv4Addr) -> CompactString {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(std::net::Ipv4Addr, CompactString)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let cached = LAST.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        match &*last {
+            Some((ip, key)) if *ip == v4 => Some(key.clone()),
+            _ => {
+                let key = write_ipv4_key(v4);
+                *last = Some((v4, key.clone()));
+                Some(key)
+            }
+        }
+    });
+    match cached {
+        Ok(Some(key)) => key,
+        _ => write_ipv4_key(v4),
+    }
+}
+
+/// `a.b.c.d`, without `Display`'s machinery: each octet's digits from a table.
+fn write_ipv4_key(v4: std::net::Ipv4Addr) -> CompactString {
     // Three bytes are copied per octet whatever its length; the next write covers the extra.
     let mut out = [0u8; 18];
     let mut len = 0;
@@ -308,10 +333,15 @@ mod tests {
     #[test]
     fn hand_formatted_ipv4_keys_match_display() {
         let resolver = ClientIpResolver::new();
+        let mut before = std::net::Ipv4Addr::new(10, 0, 0, 1);
         for a in 0..=255u8 {
             for b in [0u8, 7, 42, 250] {
                 let ip = std::net::Ipv4Addr::new(a, b, 255 - b, a ^ b);
-                assert_eq!(resolver.key(IpAddr::V4(ip)), ip.to_string());
+                // Written, then the thread's last key, then after another address.
+                for ip in [ip, ip, before, ip] {
+                    assert_eq!(resolver.key(IpAddr::V4(ip)), ip.to_string());
+                }
+                before = ip;
             }
         }
     }

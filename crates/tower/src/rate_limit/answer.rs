@@ -8,6 +8,7 @@ use sluice_core::Decision;
 
 use super::config::{Config, Stats};
 use super::flow::{Before, Ctx};
+use super::refusal::Refused;
 use crate::challenge::Offer;
 use crate::denied::{self, Denied, Reason};
 use crate::headers::PolicyFields;
@@ -29,7 +30,7 @@ pub(super) fn failed(ctx: &Ctx<'_>, error: &sluice_limiter::Error) -> Before {
     if error.is_transient() {
         crate::headers::retry_after(response.headers_mut(), Some(Duration::from_secs(1)));
     }
-    Before::Answer(response)
+    Before::Answer(Box::new(response))
 }
 
 /// The policy's own failure mode refused because its store could not decide.
@@ -41,7 +42,7 @@ pub(super) fn unavailable(ctx: &Ctx<'_>, decision: &Decision) -> Before {
     let mut response = denied::unavailable(ctx.parts);
     let wait = decision.retry_after().unwrap_or(Duration::from_secs(1));
     crate::headers::retry_after(response.headers_mut(), Some(wait));
-    Before::Answer(response)
+    Before::Answer(Box::new(response))
 }
 
 /// The answer to a denial of this layer's policy, hooks called.
@@ -52,7 +53,51 @@ pub(super) fn answer(
     challenge: Option<&Offer>,
     challenge_error: Option<&str>,
 ) -> Response<Bytes> {
-    let denied = Denied {
+    render(
+        ctx.config,
+        &denied(ctx, reason, decision, challenge, challenge_error),
+        &ctx.config.fields,
+    )
+}
+
+/// A denial of this layer's policy: pre-rendered unless a render hook, a gRPC client or a
+/// challenge asks for the general path (see [`super::refusal`]). Hooks called.
+pub(super) fn refusal(
+    ctx: &Ctx<'_>,
+    reason: Reason,
+    decision: Decision,
+    challenge: Option<&Offer>,
+    challenge_error: Option<&str>,
+) -> Before {
+    let config = ctx.config;
+    if challenge.is_none()
+        && challenge_error.is_none()
+        && config.hooks.render.is_none()
+        && config.refusal.renders(reason)
+        && !crate::grpc::is_grpc(ctx.parts)
+    {
+        if let Some(audit) = &config.hooks.audit {
+            audit(&denied(ctx, reason, Some(&decision), None, None));
+        }
+        return Before::Refuse(Refused { reason, decision });
+    }
+    Before::Answer(Box::new(answer(
+        ctx,
+        reason,
+        Some(&decision),
+        challenge,
+        challenge_error,
+    )))
+}
+
+fn denied<'a>(
+    ctx: &'a Ctx<'_>,
+    reason: Reason,
+    decision: Option<&'a Decision>,
+    challenge: Option<&'a Offer>,
+    challenge_error: Option<&'a str>,
+) -> Denied<'a> {
+    Denied {
         policy: &ctx.config.policy,
         reason,
         decision,
@@ -62,8 +107,7 @@ pub(super) fn answer(
         shadow: false,
         challenge,
         challenge_error,
-    };
-    render(ctx.config, &denied, &ctx.config.fields)
+    }
 }
 
 pub(super) fn render(

@@ -84,7 +84,7 @@ pub(super) async fn solved(ctx: &Ctx<'_>, challenge: &ChallengeConfig) -> Before
                 challenge: None,
                 challenge_error: None,
             };
-            Before::Answer(render(config, &denied, &challenge.ceiling_fields))
+            Before::Answer(Box::new(render(config, &denied, &challenge.ceiling_fields)))
         }
         Err(error) => failed(ctx, &error),
     }

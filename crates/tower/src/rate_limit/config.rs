@@ -15,6 +15,8 @@ use crate::key::{ClientIpResolver, Key};
 use crate::outcome::Outcomes;
 use crate::reserve::ReserveConfig;
 
+use super::refusal::Refusal;
+
 /// `check`, or `peek` when `peek`, without a future when the store can answer at once.
 pub(crate) fn try_now(
     limiter: &Limiter,
@@ -132,6 +134,8 @@ pub(crate) struct Config {
     pub limiter: Arc<Limiter>,
     pub policy: String,
     pub fields: PolicyFields,
+    /// This policy's refusals, pre-rendered.
+    pub refusal: Refusal,
     /// Selector name and the key supplying it, in the order given.
     pub keys: Vec<(String, Key)>,
     pub needs_body: bool,

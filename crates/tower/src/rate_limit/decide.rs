@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sluice_core::Decision;
 
-use super::answer::{answer, failed, unavailable};
+use super::answer::{failed, refusal, unavailable};
 use super::challenge::{offer, solved, verify};
 use super::config::{Stats, try_now};
 use super::flow::{Before, Ctx};
@@ -151,7 +151,13 @@ async fn refuse(
         }
         _ => None,
     };
-    refuse_with(ctx, decision, counted, challenge_error, offer)
+    refuse_with(
+        ctx,
+        decision,
+        counted,
+        challenge_error.as_deref(),
+        offer.as_ref(),
+    )
 }
 
 /// [`refuse`] once the challenge offer, if any, is made.
@@ -159,8 +165,8 @@ pub(super) fn refuse_with(
     ctx: &Ctx<'_>,
     decision: Decision,
     counted: bool,
-    challenge_error: Option<String>,
-    offer: Option<crate::challenge::Offer>,
+    challenge_error: Option<&str>,
+    offer: Option<&crate::challenge::Offer>,
 ) -> Before {
     let config = ctx.config;
     if config.shadow {
@@ -172,13 +178,7 @@ pub(super) fn refuse_with(
     }
     let reason = Reason::of(&decision).unwrap_or(Reason::Limited);
     Stats::bump(&config.stats.denied);
-    Before::Answer(answer(
-        ctx,
-        reason,
-        Some(&decision),
-        offer.as_ref(),
-        challenge_error.as_deref(),
-    ))
+    refusal(ctx, reason, decision, offer, challenge_error)
 }
 
 fn shadow_denied(ctx: &Ctx<'_>, decision: &Decision) {

@@ -18,6 +18,7 @@ use super::body::ResponseBody;
 use super::config::{Config, Stats, WhenMissing};
 use super::decide::before_now;
 use super::hold::{self, before_holding};
+use super::refusal::Refused;
 use crate::denied::{self, Reason};
 use crate::filter::Admission;
 use crate::key::body::{self, BodyError, BodyFields};
@@ -42,7 +43,10 @@ pub(super) enum Before {
         decision: Option<Decision>,
         counted: bool,
     },
-    Answer(Response<Bytes>),
+    /// Boxed: the usual verdicts are small, and moved several times.
+    Answer(Box<Response<Bytes>>),
+    /// A refusal the layer renders once the request's header map is free for its answer.
+    Refuse(Refused),
 }
 
 /// What [`prepare`] found.
@@ -70,7 +74,7 @@ pub(super) fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
     let (mut parts, body) = request.into_parts();
     let (client_ip, client_key) = match prefix(config, &mut parts) {
         Prefix::Pass => return Step::Pass(Request::from_parts(parts, body)),
-        Prefix::Answer(response) => return Step::Answer(response),
+        Prefix::Answer(response) => return Step::Answer(*response),
         Prefix::Keys(ip, key) => (ip, key),
     };
     let inputs = Inputs {
@@ -86,7 +90,8 @@ pub(super) fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
             Missing::Answer(response) => Step::Answer(*response),
         };
     }
-    let selectors = selectors(config, &values);
+    let mut selectors = Selectors::new();
+    fill_selectors(config, &values, &mut selectors);
     let ctx = Ctx {
         config,
         parts: &parts,
@@ -102,7 +107,8 @@ pub(super) fn prepare<B>(config: &Config, request: Request<B>) -> Step<B> {
     drop(values);
     match decided {
         None => Step::Slow(Request::from_parts(parts, body)),
-        Some(Before::Answer(response)) => Step::Answer(response),
+        Some(Before::Answer(response)) => Step::Answer(*response),
+        Some(Before::Refuse(refused)) => Step::Answer(refused_answer(config, &refused, parts)),
         Some(Before::Admit { decision, .. }) => Step::Admit(Admitted {
             request: Request::from_parts(parts, body),
             decision,
@@ -149,7 +155,8 @@ where
             Missing::Answer(response) => Ok(response.map(ResponseBody::full)),
         };
     }
-    let selectors = selectors(&config, &values);
+    let mut selectors = Selectors::new();
+    fill_selectors(&config, &values, &mut selectors);
     let ctx = Ctx {
         config: &config,
         parts: &parts,
@@ -162,6 +169,12 @@ where
     let (decision, counted) = match decided {
         Before::Admit { decision, counted } => (decision, counted),
         Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
+        Before::Refuse(refused) => {
+            drop(selectors);
+            drop(values);
+            let response = refused_answer(&config, &refused, parts);
+            return Ok(response.map(ResponseBody::full));
+        }
     };
     let kept = keep(&config, counted, &values);
     drop(selectors);
@@ -185,10 +198,19 @@ where
     })
 }
 
+/// The answer to a refusal the layer renders, in the refused request's own header map
+/// (the request is done with).
+fn refused_answer(config: &Config, refused: &Refused, parts: Parts) -> Response<Bytes> {
+    config
+        .refusal
+        .response(refused, &config.fields, config.headers, parts.headers)
+}
+
 /// What the filters and the client address say before any key is read.
 enum Prefix {
     Pass,
-    Answer(Response<Bytes>),
+    /// Boxed, as [`Before::Answer`].
+    Answer(Box<Response<Bytes>>),
     /// The client address (when a key or a filter needs it) and its key form.
     Keys(Option<IpAddr>, Option<CompactString>),
 }
@@ -219,7 +241,7 @@ fn prefix(config: &Config, parts: &mut Parts) -> Prefix {
                 selectors: &[],
             };
             Stats::bump(&config.stats.deny_listed);
-            Prefix::Answer(answer(&ctx, Reason::DenyListed, None, None, None))
+            Prefix::Answer(Box::new(answer(&ctx, Reason::DenyListed, None, None, None)))
         }
         Admission::Limit => Prefix::Keys(
             client_ip,
@@ -261,13 +283,13 @@ fn fill_values<'a>(
     Ok(())
 }
 
-fn selectors<'a>(config: &'a Config, values: &'a Values<'_>) -> SmallVec<[(&'a str, &'a str); 4]> {
-    config
-        .keys
-        .iter()
-        .zip(values)
-        .map(|((name, _), value)| (name.as_str(), &**value))
-        .collect()
+type Selectors<'a> = SmallVec<[(&'a str, &'a str); 4]>;
+
+/// Each key's selector name with its value, pushed in place (the array is moved no more).
+fn fill_selectors<'a>(config: &'a Config, values: &'a Values<'_>, selectors: &mut Selectors<'a>) {
+    for ((name, _), value) in config.keys.iter().zip(values) {
+        selectors.push((name.as_str(), &**value));
+    }
 }
 
 /// Counting by outcome needs the values after the request has gone to the inner service.

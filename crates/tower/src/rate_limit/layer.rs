@@ -13,6 +13,7 @@ use sluice_limiter::{CompiledPolicy, Limiter};
 use tower_layer::Layer;
 
 use super::config::{ChallengeConfig, Config, Hold, LayerStats, Stats, WhenMissing};
+use super::refusal::Refusal;
 use super::service::RateLimit;
 use crate::challenge::Challenge;
 use crate::denied::{Denied, Hooks};
@@ -274,8 +275,10 @@ impl RateLimitLayerBuilder {
             || self.filters.needs_client_ip()
             || self.keys.iter().any(|(_, k)| k.needs_client_ip());
         let needs_body = self.keys.iter().any(|(_, k)| k.needs_body());
+        let fields = PolicyFields::new(&policy);
         let config = Config {
-            fields: PolicyFields::new(&policy),
+            refusal: Refusal::new(&self.policy),
+            fields,
             needs_body,
             always_slow: needs_body || !matches!(hold, Hold::Check),
             hold,

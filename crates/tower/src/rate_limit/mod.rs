@@ -10,6 +10,7 @@ mod flow;
 mod future;
 mod hold;
 mod layer;
+mod refusal;
 mod service;
 
 pub use body::ResponseBody;
