@@ -13,6 +13,8 @@
 //! whose clocks differ count into neighbouring sub-windows around each boundary; the read
 //! takes the next sub-window too, and a hit near a boundary reads its neighbours again
 //! after counting (see [`MemcachedStoreBuilder::skew`](crate::MemcachedStoreBuilder::skew)).
+//! Two hits racing across a boundary may each see the other and both step back; such a
+//! refusal says retry now (see `racing`), so it is never remembered as a lasting one.
 //! Hits that take a counter away from a boundary are combined with the other hits on it in
 //! this process (see [`crate::combine`]): one read and one `incr` per batch.
 //!
@@ -185,6 +187,19 @@ fn undo(quota: &Quota, state: &mut State, at: u64, cost: u64) {
     }
 }
 
+/// The verdict of a hit taken near a sub-window boundary (the only hits `Mode::Take` judges
+/// alone): a refusal there may come from hits racing across the boundary, each counted, each
+/// seeing the other's count on its re-read, and each giving its cost back, so the unit is
+/// free again a round trip later. Such a refusal promises no wait (`Retry::Now`: denied,
+/// `retry_after` zero), so a near cache keeps none of them, and hits one at a time once the
+/// race is over take what is left. A cost above the capacity stays `Retry::Never`.
+fn racing(mode: Mode, mut verdict: Verdict) -> Verdict {
+    if mode == Mode::Take && !verdict.allowed && matches!(verdict.retry, Retry::After(_)) {
+        verdict.retry = Retry::Now;
+    }
+    verdict
+}
+
 /// Nanoseconds a value must still have to live for its disappearance to be an eviction
 /// (memcached's clock ticks in whole seconds, and ours may differ a little).
 pub const LIVE_MARGIN: u64 = 2_000_000_000;
@@ -326,7 +341,7 @@ impl Inner {
             let verdict = quota.verdict(&state(&counts), now, cost);
             if !mode.records(&verdict) || cost == 0 {
                 return Ok(Judged {
-                    verdict,
+                    verdict: racing(mode, verdict),
                     recorded: None,
                     after: None,
                 });
@@ -377,7 +392,7 @@ impl Inner {
         if !keep {
             self.decrement(keys, key, cost, deadline).await;
             return Ok(Judged {
-                verdict,
+                verdict: racing(mode, verdict),
                 recorded: None,
                 after: None,
             });

@@ -95,7 +95,8 @@
 //! within the allowed skew of a boundary ([`MemcachedStoreBuilder::skew`], 250 ms by
 //! default) read the next sub-window too and re-read the neighbouring ones after counting,
 //! so the limit holds across the boundary (two hits racing there may both step back: one
-//! unit left unused, never one too many); beyond that skew, the limit may be off by the
+//! unit left unused for a round trip, never one too many; such a refusal says `retry_after`
+//! zero, so no near cache keeps it); beyond that skew, the limit may be off by the
 //! hits of the excess. Otherwise
 //! skew moves the window by `d`: a hit leaves it up to `d` sooner or later. A GCRA bucket
 //! refills `d` sooner for the server ahead, which can admit up to `d / interval` more hits,

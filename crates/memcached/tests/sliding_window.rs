@@ -1,6 +1,7 @@
 //! The native algorithm on a real memcached with manual clocks: exact under 64 concurrent
-//! tasks on two app servers, sliding sub-window by sub-window, cleared by a reset, and never
-//! over across a boundary when the two servers' clocks are 100 ms apart.
+//! tasks on two app servers, sliding sub-window by sub-window, cleared by a reset, never
+//! over across a boundary when the two servers' clocks are 100 ms apart, and, once a race
+//! across a boundary is over, exact again even behind a near cache.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,15 +13,21 @@ use tokio::task::JoinSet;
 
 /// Admitted hits of `tasks` tasks making `per_task` checks each, over `limiters` in turn.
 async fn race(limiters: &[Arc<Limiter>], tasks: usize, per_task: usize) -> usize {
+    race_as(limiters, "u", tasks, per_task).await
+}
+
+/// [`race`] for user `user`.
+async fn race_as(limiters: &[Arc<Limiter>], user: &str, tasks: usize, per_task: usize) -> usize {
     let start = Arc::new(tokio::sync::Barrier::new(tasks));
     let mut set = JoinSet::new();
     for t in 0..tasks {
         let (limiter, start) = (limiters[t % limiters.len()].clone(), start.clone());
+        let user = user.to_owned();
         set.spawn(async move {
             start.wait().await;
             let mut admitted = 0;
             for _ in 0..per_task {
-                let checked = limiter.check("p", &[("user", "u")], 1).await.unwrap();
+                let checked = limiter.check("p", &[("user", &user)], 1).await.unwrap();
                 assert!(checked.without_store.is_none(), "{checked:?}");
                 admitted += usize::from(checked.decision.allowed());
             }
@@ -108,4 +115,67 @@ async fn exact_across_a_boundary_with_clocks_apart() {
         (36..=40).contains(&admitted),
         "across the boundary: {admitted}"
     );
+}
+
+/// Two app servers with near caches (as `sluice serve` runs them), their clocks 100 ms apart
+/// across a sub-window boundary, flooded with the last 40 units of a limit: hits racing
+/// across the boundary may each see the other's count and both step back, so the flood may
+/// end below the limit, but such a refusal must not be remembered as a lasting one: once
+/// the flood is over, hits one at a time take exactly what is left. Before refusals near a
+/// boundary said `retry now`, the near caches kept them and most rounds ended short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_race_across_a_boundary_leaves_no_lasting_refusal() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    let sub = 15_000_000_000u64;
+    let policy = Policy::new("p", "user:100/m algorithm=sliding-window windows=4").unwrap();
+    let (ahead, behind) = (ManualClock::new(0), ManualClock::new(0));
+    let mut limiters = Vec::new();
+    for clock in [&ahead, &behind] {
+        let store = MemcachedStore::builder(&memcached.url())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap();
+        let limiter = Limiter::builder(store)
+            .clock(clock.clone())
+            .near_cache(1_000, Duration::from_secs(1))
+            .policy(policy.clone())
+            .build();
+        limiters.push(Arc::new(limiter.unwrap()));
+    }
+    let mut short = Vec::new();
+    for round in 0..30u64 {
+        // A boundary of its own per round, two windows apart: nothing carries over.
+        let boundary = 1_700_000_100 * 1_000_000_000 + (4 + 8 * round) * sub;
+        let user = format!("u{round}");
+        ahead.set(boundary - 5_000_000_000);
+        behind.set(boundary - 5_100_000_000);
+        assert_eq!(race_as(&limiters, &user, 60, 1).await, 60, "round {round}");
+        ahead.set(boundary + 50_000_000);
+        behind.set(boundary - 50_000_000);
+        let flooded = race_as(&limiters, &user, 64, 4).await;
+        let mut topped = 0;
+        while topped <= 40 {
+            let limiter = &limiters[topped % 2];
+            let checked = limiter.check("p", &[("user", &user)], 1).await.unwrap();
+            if !checked.decision.allowed() {
+                break;
+            }
+            topped += 1;
+        }
+        if 60 + flooded + topped != 100 {
+            short.push((round, flooded, topped));
+        }
+    }
+    assert!(
+        short.is_empty(),
+        "rounds (round, flooded, topped) not at 100: {short:?}"
+    );
+    // Away from a boundary a refusal races no one: it keeps its wait (and a near cache).
+    let boundary = 1_700_000_100 * 1_000_000_000 + (4 + 8 * 29) * sub;
+    ahead.set(boundary + 5_000_000_000);
+    let checked = limiters[0].check("p", &[("user", "u29")], 1).await.unwrap();
+    let wait = checked.decision.retry_after().unwrap();
+    assert!(wait >= Duration::from_secs(30), "{:?}", checked.decision);
 }
