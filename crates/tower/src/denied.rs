@@ -80,6 +80,29 @@ pub struct Denied<'a> {
     pub challenge_error: Option<&'a str>,
 }
 
+impl<'a> Denied<'a> {
+    /// A refusal known only by its policy, reason and decision: no client, selectors,
+    /// shadow or challenge (what the default body is made of).
+    pub(crate) fn bare(
+        policy: &'a str,
+        reason: Reason,
+        decision: &'a Decision,
+        request: &'a Parts,
+    ) -> Denied<'a> {
+        Denied {
+            policy,
+            reason,
+            decision: Some(decision),
+            client_ip: None,
+            selectors: &[],
+            request,
+            shadow: false,
+            challenge: None,
+            challenge_error: None,
+        }
+    }
+}
+
 pub(crate) type AuditHook = Arc<dyn Fn(&Denied<'_>) + Send + Sync>;
 pub(crate) type RenderHook = Arc<dyn Fn(&Denied<'_>) -> Option<Response<Bytes>> + Send + Sync>;
 
@@ -178,17 +201,7 @@ fn problem_body(denied: &Denied<'_>, status: StatusCode) -> String {
 /// writes it (the pre-rendered refusal of a layer is cut from it).
 pub(crate) fn problem_text(policy: &str, reason: Reason, decision: &Decision) -> String {
     let parts = http::Request::new(()).into_parts().0;
-    let denied = Denied {
-        policy,
-        reason,
-        decision: Some(decision),
-        client_ip: None,
-        selectors: &[],
-        request: &parts,
-        shadow: false,
-        challenge: None,
-        challenge_error: None,
-    };
+    let denied = Denied::bare(policy, reason, decision, &parts);
     problem_body(&denied, status_of(reason))
 }
 
@@ -334,17 +347,7 @@ pub fn refusal(
         crate::headers::retry_after(response.headers_mut(), Some(wait));
         return Some(response);
     };
-    let denied = Denied {
-        policy: policy.name(),
-        reason,
-        decision: Some(decision),
-        client_ip: None,
-        selectors: &[],
-        request: &parts,
-        shadow: false,
-        challenge: None,
-        challenge_error: None,
-    };
+    let denied = Denied::bare(policy.name(), reason, decision, &parts);
     let mut response = problem(&denied);
     let fields = crate::headers::fields(policy, decision, true, which);
     response.headers_mut().extend(fields);

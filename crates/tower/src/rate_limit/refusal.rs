@@ -319,17 +319,7 @@ mod tests {
         which: Headers,
     ) -> Response<Bytes> {
         let parts = http::Request::new(()).into_parts().0;
-        let denied = Denied {
-            policy,
-            reason: refused.reason,
-            decision: Some(&refused.decision),
-            client_ip: None,
-            selectors: &[],
-            request: &parts,
-            shadow: false,
-            challenge: None,
-            challenge_error: None,
-        };
+        let denied = Denied::bare(policy, refused.reason, &refused.decision, &parts);
         let mut response = denied::problem(&denied);
         fields.apply(response.headers_mut(), &refused.decision, true, which);
         response
