@@ -83,6 +83,33 @@ async fn exact_under_concurrency_sub_window_by_sub_window() {
     assert_eq!((stats.evictions, stats.wrapped), (0, 0), "{stats:?}");
 }
 
+/// Two app servers on one memcached, each on its own clock; with `near_caches`, each
+/// limiter has the near cache `sluice serve` gives it (on the same clock).
+async fn two_servers(
+    memcached: &MemcachedServer,
+    policy: &Policy,
+    clocks: [&ManualClock; 2],
+    near_caches: bool,
+) -> Vec<Arc<Limiter>> {
+    let mut limiters = Vec::new();
+    for clock in clocks {
+        let store = MemcachedStore::builder(&memcached.url())
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap();
+        let mut limiter = Limiter::builder(store).policy(policy.clone());
+        if near_caches {
+            limiter = limiter
+                .clock(clock.clone())
+                .near_cache(1_000, Duration::from_secs(1));
+        }
+        limiters.push(Arc::new(limiter.build().unwrap()));
+    }
+    limiters
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exact_across_a_boundary_with_clocks_apart() {
     let memcached = MemcachedServer::start().expect("memcached");
@@ -91,17 +118,7 @@ async fn exact_across_a_boundary_with_clocks_apart() {
     let policy = Policy::new("p", "user:100/m algorithm=sliding-window windows=4").unwrap();
     // Two app servers whose clocks are 100 ms apart.
     let (ahead, behind) = (ManualClock::new(0), ManualClock::new(0));
-    let mut limiters = Vec::new();
-    for clock in [&ahead, &behind] {
-        let store = MemcachedStore::builder(&memcached.url())
-            .clock(clock.clone())
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap();
-        let limiter = Limiter::builder(store).policy(policy.clone()).build();
-        limiters.push(Arc::new(limiter.unwrap()));
-    }
+    let limiters = two_servers(&memcached, &policy, [&ahead, &behind], false).await;
     ahead.set(boundary - 5_000_000_000);
     behind.set(boundary - 5_100_000_000);
     assert_eq!(race(&limiters, 60, 1).await, 60, "mid sub-window");
@@ -129,21 +146,7 @@ async fn a_race_across_a_boundary_leaves_no_lasting_refusal() {
     let sub = 15_000_000_000u64;
     let policy = Policy::new("p", "user:100/m algorithm=sliding-window windows=4").unwrap();
     let (ahead, behind) = (ManualClock::new(0), ManualClock::new(0));
-    let mut limiters = Vec::new();
-    for clock in [&ahead, &behind] {
-        let store = MemcachedStore::builder(&memcached.url())
-            .clock(clock.clone())
-            .timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap();
-        let limiter = Limiter::builder(store)
-            .clock(clock.clone())
-            .near_cache(1_000, Duration::from_secs(1))
-            .policy(policy.clone())
-            .build();
-        limiters.push(Arc::new(limiter.unwrap()));
-    }
+    let limiters = two_servers(&memcached, &policy, [&ahead, &behind], true).await;
     let mut short = Vec::new();
     for round in 0..30u64 {
         // A boundary of its own per round, two windows apart: nothing carries over.
