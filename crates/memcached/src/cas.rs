@@ -11,6 +11,14 @@
 //! try is lost its updates fail with [`Contention`](crate::MemcachedError::Contention), a
 //! transient error: the limiter's failure policy decides those hits.
 //!
+//! A batch that starts while no other batch of its key is running guesses that the key is
+//! absent: its first try sends, behind the `gets`, the `add` of what the batch makes of a
+//! fresh state. memcached stores it only if the key is absent when the `add` comes, so then
+//! the guess is exactly what the updates would have done, and a key not yet stored (or
+//! expired: a GCRA state lives only until its bucket is full again) costs one round trip.
+//! A stored key makes the `add` fail, and the batch goes on with the value `gets` read, by
+//! `cas`, as before (the guess costs only the `add`'s few bytes).
+//!
 //! A lone update runs in its caller's task; updates that queued behind it run on a task of
 //! their own, so a caller that stops waiting (a timeout) strands no one queued behind it.
 
@@ -149,7 +157,7 @@ pub(crate) async fn update(
             keys: keys.clone(),
             key,
         };
-        run_batch(inner, keys, &handover.key, vec![update]).await;
+        run_batch(inner, keys, &handover.key, vec![update], true).await;
     }
     match tokio::time::timeout_at(deadline.at, answer).await {
         Ok(Ok(answer)) => answer,
@@ -201,7 +209,8 @@ async fn run_batches(inner: Arc<Inner>, keys: Keys, key: String) {
                 }
             }
         };
-        run_batch(&inner, &keys, &key, batch).await;
+        // The batch before just read or wrote the key: no guess that it is absent.
+        run_batch(&inner, &keys, &key, batch, false).await;
     }
 }
 
@@ -211,7 +220,68 @@ fn fail(updates: Vec<Update>, error: &MemcachedError) {
     }
 }
 
-async fn run_batch(inner: &Inner, keys: &Keys, key: &str, mut updates: Vec<Update>) {
+/// The updates of a batch applied in order to `value` (what the key holds, `None` when
+/// absent): their answers, the value to write (with its expiry and the time of the update
+/// that wrote last), and whether the value read should still have been live.
+struct Applied {
+    answers: Vec<Result<Answer, MemcachedError>>,
+    write: Option<(Vec<u8>, u64, u64)>,
+    was_live: bool,
+}
+
+fn apply(updates: &mut [Update], mut value: Option<Vec<u8>>) -> Applied {
+    let mut answers = Vec::with_capacity(updates.len());
+    let mut write = None;
+    let mut was_live = false;
+    for update in updates.iter_mut() {
+        match (update.plan)(value.as_deref()) {
+            Ok(Plan::Keep(answer)) => answers.push(Ok(answer)),
+            Ok(Plan::Write {
+                value: next,
+                expires_at,
+                was_live: live,
+                answer,
+            }) => {
+                if write.is_none() {
+                    was_live = live;
+                }
+                value = Some(next);
+                write = Some((expires_at, update.now));
+                answers.push(Ok(answer));
+            }
+            Err(error) => answers.push(Err(error)),
+        }
+    }
+    Applied {
+        answers,
+        write: write
+            .zip(value)
+            .map(|((expires_at, now), value)| (value, expires_at, now)),
+        was_live,
+    }
+}
+
+fn answer(updates: Vec<Update>, answers: Vec<Result<Answer, MemcachedError>>) {
+    for (update, answer) in updates.into_iter().zip(answers) {
+        let _ = update.reply.send(answer);
+    }
+}
+
+/// Runs one batch.
+///
+/// `guess_absent`: the first try applies the batch to a fresh state too and sends the result
+/// as an `add` behind the `gets`, in the same round trip. A key not yet stored (or expired:
+/// a GCRA state lives only until its bucket is full again) is then decided in one round
+/// trip; a stored one makes the `add` fail and goes on by `cas` as before. The `add` only
+/// stores when the key is absent as it arrives, so what it answers is what one-at-a-time
+/// updates would answer.
+async fn run_batch(
+    inner: &Inner,
+    keys: &Keys,
+    key: &str,
+    mut updates: Vec<Update>,
+    guess_absent: bool,
+) {
     let pool = &inner.pool;
     let route = keys.route();
     for attempt in 0..inner.cas_tries {
@@ -228,35 +298,55 @@ async fn run_batch(inner: &Inner, keys: &Keys, key: &str, mut updates: Vec<Updat
         let Some(deadline) = updates.iter().map(|u| u.deadline).max_by_key(|d| d.at) else {
             return;
         };
-        let current = match pool.gets(route, key, deadline).await {
-            Ok(current) => current,
-            Err(error) => return fail(updates, &error),
-        };
-        let mut value: Option<Vec<u8>> = current.as_ref().map(|(v, _)| v.clone());
-        let mut answers = Vec::with_capacity(updates.len());
-        let mut write = None;
-        let mut was_live = false;
-        for update in &mut updates {
-            match (update.plan)(value.as_deref()) {
-                Ok(Plan::Keep(answer)) => answers.push(Ok(answer)),
-                Ok(Plan::Write {
-                    value: next,
-                    expires_at,
-                    was_live: live,
-                    answer,
-                }) => {
-                    if write.is_none() {
-                        was_live = live;
+        let guess = (attempt == 0 && guess_absent)
+            .then(|| apply(&mut updates, None))
+            .filter(|guess| guess.write.is_some());
+        let current = match &guess {
+            Some(Applied {
+                write: Some((value, expires_at, now)),
+                ..
+            }) => {
+                let expiry = exptime(*expires_at, *now);
+                match pool.gets_and_add(route, key, expiry, value, deadline).await {
+                    Ok((read, StoreReply::Stored)) => {
+                        // Absent when the `add` came: the guess is the answer. A value read
+                        // just before that should still have lived was evicted.
+                        if let Some((value, _)) = read
+                            && apply(&mut updates, Some(value)).was_live
+                        {
+                            Counters::bump(&pool.counters.evictions);
+                        }
+                        let answers = guess.map(|g| g.answers).unwrap_or_default();
+                        answer(updates, answers);
+                        return;
                     }
-                    value = Some(next);
-                    write = Some((expires_at, update.now));
-                    answers.push(Ok(answer));
+                    Ok((None, _)) => {
+                        // Created by another client between our `gets` and `add`: read again.
+                        Counters::bump(&pool.counters.contention_retries);
+                        continue;
+                    }
+                    Ok((current, _)) => current,
+                    Err(error) => {
+                        fail(updates, &error);
+                        return;
+                    }
                 }
-                Err(error) => answers.push(Err(error)),
             }
-        }
-        let stored = match (write, value) {
-            (Some((expires_at, now)), Some(value)) => {
+            _ => match pool.gets(route, key, deadline).await {
+                Ok(current) => current,
+                Err(error) => {
+                    fail(updates, &error);
+                    return;
+                }
+            },
+        };
+        let Applied {
+            answers,
+            write,
+            was_live,
+        } = apply(&mut updates, current.as_ref().map(|(v, _)| v.clone()));
+        let stored = match write {
+            Some((value, expires_at, now)) => {
                 let verb = match &current {
                     Some((_, unique)) => Verb::Cas(*unique),
                     None => Verb::Add,
@@ -264,13 +354,11 @@ async fn run_batch(inner: &Inner, keys: &Keys, key: &str, mut updates: Vec<Updat
                 let expiry = exptime(expires_at, now);
                 pool.store(route, verb, key, expiry, &value, deadline).await
             }
-            _ => Ok(StoreReply::Stored),
+            None => Ok(StoreReply::Stored),
         };
         match stored {
             Ok(StoreReply::Stored) => {
-                for (update, answer) in updates.into_iter().zip(answers) {
-                    let _ = update.reply.send(answer);
-                }
+                answer(updates, answers);
                 return;
             }
             Ok(StoreReply::NotFound) => {
@@ -283,7 +371,10 @@ async fn run_batch(inner: &Inner, keys: &Keys, key: &str, mut updates: Vec<Updat
                 Counters::bump(&pool.counters.contention_retries);
                 backoff(attempt).await;
             }
-            Err(error) => return fail(updates, &error),
+            Err(error) => {
+                fail(updates, &error);
+                return;
+            }
         }
     }
     Counters::bump(&pool.counters.contention_exhausted);

@@ -241,12 +241,16 @@ async fn read_window(
     let oldest = (current + 1).saturating_sub(g);
     // The next sub-window too: app servers whose clocks run ahead count into it.
     let names: Vec<String> = (oldest..=current + 1).map(|n| keys.window(n)).collect();
-    let read = inner.pool.get(keys.route(), &names, deadline).await?;
+    let read = inner
+        .pool
+        .get_in_order(keys.route(), &names, deadline)
+        .await?;
     let ceiling = quota.limit().saturating_mul(2);
     // Oldest first, g of them (sub-windows before number 0 count nothing).
-    let mut counts = vec![0; (g - (current + 1 - oldest)) as usize];
-    for name in &names {
-        counts.push(match read.get(name) {
+    let mut counts = Vec::with_capacity(g as usize + 1);
+    counts.resize((g - (current + 1 - oldest)) as usize, 0);
+    for (name, value) in names.iter().zip(&read) {
+        counts.push(match value {
             Some(value) => count(name, value)?.min(ceiling),
             None => 0,
         });
@@ -255,7 +259,7 @@ async fn read_window(
     Ok(Window {
         counts,
         ahead,
-        present: read.contains_key(&names[names.len() - 2]),
+        present: read[names.len() - 2].is_some(),
     })
 }
 

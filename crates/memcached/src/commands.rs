@@ -77,6 +77,46 @@ impl Pool {
         Ok(found)
     }
 
+    /// `get` of `keys` (all routed by `route`): the value of each, in the order asked.
+    pub async fn get_in_order(
+        &self,
+        route: &str,
+        keys: &[String],
+        deadline: Deadline,
+    ) -> Result<Vec<Option<Vec<u8>>>, MemcachedError> {
+        let replies = self.call(route, get_requests(keys), deadline).await?;
+        self.found_in_order(route, keys, replies)
+    }
+
+    /// The values of `get` replies, in the order of `keys`: memcached answers the keys of a
+    /// `get` in the order asked (skipping those it lacks), so no key needs hashing.
+    fn found_in_order(
+        &self,
+        route: &str,
+        keys: &[String],
+        replies: Vec<Reply>,
+    ) -> Result<Vec<Option<Vec<u8>>>, MemcachedError> {
+        let mut found = vec![None; keys.len()];
+        let mut next = 0;
+        for reply in replies {
+            let Reply::Values(items) = reply else {
+                return Err(wrong(self, route, "get", &reply));
+            };
+            for item in items {
+                let Some(at) = keys[next..].iter().position(|k| *k == item.key) else {
+                    let message = format!(
+                        "get answered key {} unasked, twice or out of order",
+                        item.key
+                    );
+                    return Err(protocol(self, route, message));
+                };
+                found[next + at] = Some(item.value);
+                next += at + 1;
+            }
+        }
+        Ok(found)
+    }
+
     /// `gets` of one key: its value and CAS unique, if it exists.
     pub async fn gets(
         &self,
@@ -89,6 +129,45 @@ impl Pool {
         let reply = self
             .one(route, bytes, Expect::ValuesWithCas, deadline)
             .await?;
+        self.cas_item(route, key, reply)
+    }
+
+    /// `gets` of `key` and `add` of `value` under it, pipelined in one round trip: what
+    /// `gets` found, and how the `add` ended (stored only if the key was absent when it came).
+    pub async fn gets_and_add(
+        &self,
+        route: &str,
+        key: &str,
+        exptime: u32,
+        value: &[u8],
+        deadline: Deadline,
+    ) -> Result<(Option<(Vec<u8>, u64)>, StoreReply), MemcachedError> {
+        let mut bytes = Vec::with_capacity(2 * key.len() + value.len() + 48);
+        protocol::get(&mut bytes, &[key], true);
+        let split = bytes.len();
+        protocol::store(&mut bytes, Verb::Add, key, exptime, value);
+        let add = bytes.split_off(split);
+        let requests = vec![(bytes, Expect::ValuesWithCas), (add, Expect::Stored)];
+        let mut replies = self.call(route, requests, deadline).await?;
+        let (Some(added), Some(read), true) = (replies.pop(), replies.pop(), replies.is_empty())
+        else {
+            return Err(protocol(
+                self,
+                route,
+                "two requests, not two replies".into(),
+            ));
+        };
+        let added = stored(self, route, Verb::Add, &added)?;
+        Ok((self.cas_item(route, key, read)?, added))
+    }
+
+    /// The one item of a `gets` reply for `key`, if any.
+    fn cas_item(
+        &self,
+        route: &str,
+        key: &str,
+        reply: Reply,
+    ) -> Result<Option<(Vec<u8>, u64)>, MemcachedError> {
         let Reply::Values(mut items) = reply else {
             return Err(wrong(self, route, "gets", &reply));
         };
@@ -151,8 +230,8 @@ impl Pool {
         stored(self, route, Verb::Add, first)
     }
 
-    /// `get` of `keys` and `incr` of `key` by `by`, pipelined in one round trip: the values
-    /// found, and the new count (`None` if `key` is absent).
+    /// `get` of `keys` and `incr` of `key` by `by`, pipelined in one round trip: the value
+    /// of each key, in the order asked, and the new count (`None` if `key` is absent).
     pub async fn get_and_incr(
         &self,
         route: &str,
@@ -160,7 +239,7 @@ impl Pool {
         key: &str,
         by: u64,
         deadline: Deadline,
-    ) -> Result<(HashMap<String, Vec<u8>>, Option<u64>), MemcachedError> {
+    ) -> Result<(Vec<Option<Vec<u8>>>, Option<u64>), MemcachedError> {
         let mut requests = get_requests(keys);
         let mut bytes = Vec::with_capacity(key.len() + 28);
         protocol::incr(&mut bytes, key, by, true);
@@ -174,7 +253,7 @@ impl Pool {
                 return Err(protocol(self, route, message));
             }
         };
-        Ok((self.found(route, keys, replies)?, counted))
+        Ok((self.found_in_order(route, keys, replies)?, counted))
     }
 
     /// `incr` (`up`) or `decr` by `by`: the new value, or `None` if the key is gone.

@@ -316,6 +316,9 @@ impl Inner {
                 .pool
                 .get_and_incr(route, older, key, cost, deadline)
                 .await?;
+            let read: HashMap<String, Vec<u8>> = (older.iter().cloned().zip(read))
+                .filter_map(|(name, value)| Some((name, value?)))
+                .collect();
             let total = match counted {
                 Some(total) => total,
                 None => {

@@ -25,7 +25,9 @@
 //!   one `get` of all the sub-windows, one `incr` and at most one `decr` per batch of hits,
 //!   with the decisions of the hits run one at a time (`src/combine.rs`).
 //! - **GCRA, fixed window, sliding log**: the state as short text under `<id>|s`, updated
-//!   with `gets` then `cas` (`add` when absent), tried again on a lost race up to 64 times
+//!   with `gets` then `cas` (`add` when absent; the first try sends the `add` of the state a
+//!   fresh key would take behind the `gets`, so a key not yet stored, or expired, is decided
+//!   in one round trip), tried again on a lost race up to 64 times
 //!   ([`MemcachedStoreBuilder::cas_tries`]), then an honest
 //!   [`Contention`](MemcachedError::Contention) error (transient: the failure policy
 //!   decides). A sliding log must fit one item: limits above

@@ -2,14 +2,16 @@
 //! concurrent decisions on one connection (`connections=1`) share it, written back to back,
 //! and admit exactly the limit, hits on one key combined into far fewer reads; a connection
 //! killed with requests in flight fails each of them (none admitted), and the store then
-//! recovers.
+//! recovers. A lone caller's decisions take the round trips they should: one for a GCRA key
+//! not yet stored, two for a stored one; two for a sliding-window hit that fits, one read
+//! for a refusal.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
-use sluice_limiter::{Hit, Identifier, Store, StoreError};
+use sluice_limiter::{Clock, Hit, Identifier, ManualClock, Store, StoreError, SystemClock};
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +28,13 @@ struct Relay {
     reads: AtomicUsize,
     /// Most read commands in one chunk the client wrote.
     most_reads_per_chunk: AtomicUsize,
+    /// Chunks the client wrote: a lone caller writes one per round trip.
+    chunks: AtomicUsize,
+    /// Commands the client wrote, by verb: `add`, `cas`, `incr`, `decr`.
+    adds: AtomicUsize,
+    cases: AtomicUsize,
+    incrs: AtomicUsize,
+    decrs: AtomicUsize,
     /// While set: the client's bytes are held, never forwarded, and once `kill_after` read
     /// commands have come the connection is closed.
     hold: AtomicBool,
@@ -39,6 +48,14 @@ fn reads_in(chunk: &[u8]) -> usize {
     chunk
         .split(|&b| b == b'\n')
         .filter(|line| line.starts_with(b"get ") || line.starts_with(b"gets "))
+        .count()
+}
+
+/// Lines of `chunk` that start with `verb` and a space.
+fn commands_in(chunk: &[u8], verb: &[u8]) -> usize {
+    chunk
+        .split(|&b| b == b'\n')
+        .filter(|line| line.starts_with(verb) && line.get(verb.len()) == Some(&b' '))
         .count()
 }
 
@@ -64,6 +81,15 @@ async fn relay_to(upstream: String, relay: Arc<Relay>) -> String {
                         Ok(0) | Err(_) => break,
                         Ok(n) => n,
                     };
+                    relay.chunks.fetch_add(1, Ordering::SeqCst);
+                    for (verb, seen) in [
+                        (&b"add"[..], &relay.adds),
+                        (b"cas", &relay.cases),
+                        (b"incr", &relay.incrs),
+                        (b"decr", &relay.decrs),
+                    ] {
+                        seen.fetch_add(commands_in(&chunk[..n], verb), Ordering::SeqCst);
+                    }
                     let reads = reads_in(&chunk[..n]);
                     relay.reads.fetch_add(reads, Ordering::SeqCst);
                     relay
@@ -256,4 +282,72 @@ async fn a_connection_killed_mid_flight_fails_every_pending_decision_then_recove
         }
         assert_eq!(admitted, 9, "{algorithm}: the rest of the limit, no more");
     }
+}
+
+/// What the relay has counted so far: chunks, `add`, `cas`, `incr`, `decr`, reads.
+fn seen(relay: &Relay) -> [usize; 6] {
+    [
+        &relay.chunks,
+        &relay.adds,
+        &relay.cases,
+        &relay.incrs,
+        &relay.decrs,
+        &relay.reads,
+    ]
+    .map(|n| n.load(Ordering::SeqCst))
+}
+
+/// What the relay counted during `step`, and what `step` answered.
+async fn counting<T>(relay: &Relay, step: impl Future<Output = T>) -> ([usize; 6], T) {
+    let before = seen(relay);
+    let answer = step.await;
+    let after = seen(relay);
+    (std::array::from_fn(|i| after[i] - before[i]), answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_decision_takes_the_round_trips_it_should() {
+    let memcached = MemcachedServer::start().expect("memcached");
+    let relay = Arc::new(Relay::default());
+    let url = relay_to(memcached.address(), relay.clone()).await;
+    // Mid-way through a sub-window of the 1-hour limits (6 minutes), far from the clock-skew
+    // margin around its boundaries (where a window hit reads its neighbours again).
+    let sub = 360_000_000_000;
+    let clock = ManualClock::new(SystemClock::new().now() / sub * sub + sub / 2);
+    let store = MemcachedStore::builder(&format!("{url}?connections=1"))
+        .timeout(Duration::from_secs(10))
+        .clock(clock)
+        .connect()
+        .await
+        .unwrap();
+
+    // GCRA, a key not yet stored: `gets` and `add` in one round trip, no `cas`.
+    let gcra = quota(Algorithm::Gcra, 2);
+    for i in 0..10 {
+        let id = format!("ns:k:user:fresh-{i}:2/h");
+        let (n, allowed) = counting(&relay, hit(&store, &id, gcra)).await;
+        assert!(allowed.unwrap());
+        // [chunks, add, cas, incr, decr, reads]
+        assert_eq!(n, [1, 1, 0, 0, 0, 1], "a fresh GCRA key");
+        // Stored now: the `add` fails, the state read goes on by `cas`.
+        let (n, allowed) = counting(&relay, hit(&store, &id, gcra)).await;
+        assert!(allowed.unwrap());
+        assert_eq!(n, [2, 1, 1, 0, 0, 1], "a stored GCRA key");
+        let (_, allowed) = counting(&relay, hit(&store, &id, gcra)).await;
+        assert!(!allowed.unwrap(), "the third of 2/h");
+    }
+
+    // Sliding window: one read of the window, then the `incr` (`add` and a `set` of the
+    // identifier's record for a sub-window's first hit); a refusal is the read alone.
+    let window = quota(Algorithm::SlidingWindow, 2);
+    let id = "ns:k:user:window:2/h";
+    let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
+    assert!(allowed.unwrap());
+    assert_eq!(n, [2, 1, 0, 0, 0, 1], "a sub-window's first hit");
+    let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
+    assert!(allowed.unwrap());
+    assert_eq!(n, [2, 0, 0, 1, 0, 1], "a hit that fits");
+    let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
+    assert!(!allowed.unwrap());
+    assert_eq!(n, [1, 0, 0, 0, 0, 1], "a refusal");
 }
