@@ -1,9 +1,11 @@
-//! The gRPC listener: Envoy's rate limit service, with bounds against slow or greedy clients.
+//! The gRPC listener: Envoy's rate limit service, with bounds against slow or greedy clients;
+//! each connection's answers are coalesced into few writes ([`crate::coalesce`]).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::coalesce::Coalesce;
 use crate::listener::{Connection, Listener};
 use crate::service::Service;
 
@@ -35,7 +37,7 @@ pub(crate) async fn serve(
     let incoming = futures_util::stream::poll_fn(move |cx| {
         incoming
             .poll_recv(cx)
-            .map(|c| c.map(Ok::<_, std::io::Error>))
+            .map(|c| c.map(|c| Ok::<_, std::io::Error>(Coalesce::new(c))))
     });
     let served = tonic::transport::Server::builder()
         .timeout(REQUEST_TIMEOUT)
@@ -48,4 +50,12 @@ pub(crate) async fn serve(
         .await;
     accepting.abort();
     Ok(served?)
+}
+
+impl tonic::transport::server::Connected for Coalesce<Connection> {
+    type ConnectInfo = std::net::SocketAddr;
+
+    fn connect_info(&self) -> std::net::SocketAddr {
+        tonic::transport::server::Connected::connect_info(self.get_ref())
+    }
 }

@@ -50,6 +50,7 @@
 mod readme {}
 
 pub mod audit;
+mod coalesce;
 pub mod config;
 pub mod envoy;
 mod grpc;
