@@ -29,10 +29,16 @@ for s = 1, sets do
 end
 local first = 1 + sets * 5
 local debts = {}
+-- Every key read in one command (one call into Redis instead of one per hit); a key named
+-- again later in the batch reads what this call wrote to it (`written`, false once deleted).
+local read = redis.call('MGET', unpack(KEYS))
+local written = {}
 for i = 1, #KEYS do
   local p = params[tonumber(ARGV[first + i])]
   local cost, recording, interval, burst, window = p[1], p[2], p[3], p[4], p[5]
-  local tat = tonumber(redis.call('GET', KEYS[i])) or 0
+  local stored = written[KEYS[i]]
+  if stored == nil then stored = read[i] end
+  local tat = tonumber(stored) or 0
   local tau = burst * interval
   local inc = cost * interval
   -- gcra.verdict
@@ -45,9 +51,12 @@ for i = 1, #KEYS do
     local recorded = math.max(math.min(math.max(tat, now) + inc, now + tau + window), tat)
     if recorded <= now then
       redis.call('DEL', KEYS[i])
+      written[KEYS[i]] = false
     else
-      redis.call('SET', KEYS[i], string.format('%d', recorded), 'PX',
+      local text = string.format('%d', recorded)
+      redis.call('SET', KEYS[i], text, 'PX',
         math.max(math.floor((recorded - now + 999) / 1000), 1))
+      written[KEYS[i]] = text
     end
   end
   debts[i] = debt
