@@ -62,26 +62,6 @@ fn benchmark_round(port: u16, depth: usize, keys: usize, requests: usize, call: 
         .unwrap_or_else(|| panic!("cannot read redis-benchmark output: {text}"))
 }
 
-/// Script calls the server ran so far (EVALSHA, EVAL and FCALL, from `INFO commandstats`).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]).expect("INFO");
-    info.lines()
-        .filter(|line| {
-            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
-                .iter()
-                .any(|prefix| line.starts_with(prefix))
-        })
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Latencies of one caller deciding alone for `round`, in microseconds: (p50, p99).
 async fn one_caller_latency(
     store: &RedisStore,
@@ -271,7 +251,7 @@ fn main() {
         let mut requests = vec![50_000usize; script_rounds.len()];
         for _ in 0..ROUNDS {
             let cpu = cpu_seconds(pid);
-            let calls = script_calls(&redis);
+            let calls = redis.script_calls();
             let started = Instant::now();
             let rate = runtime.block_on(decisions_per_second(
                 &store,
@@ -282,7 +262,7 @@ fn main() {
             ));
             let seconds = started.elapsed().as_secs_f64();
             store_rounds.push(rate * seconds, seconds, cpu_seconds(pid) - cpu);
-            batch_sizes.push(rate * seconds / (script_calls(&redis) - calls) as f64);
+            batch_sizes.push(rate * seconds / (redis.script_calls() - calls) as f64);
             let (p50, p99) = runtime.block_on(one_caller_latency(&store, quota, &keys, ROUND));
             p50s.push(p50);
             p99s.push(p99);

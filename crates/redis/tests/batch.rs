@@ -49,18 +49,6 @@ async fn decide_all_at_once(
     by_key
 }
 
-/// Script calls Redis ran so far, EVAL and EVALSHA together (`INFO commandstats`).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]).expect("INFO");
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            let calls = line.split("calls=").nth(1)?.split(',').next()?;
-            calls.parse::<u64>().ok()
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_hits_on_one_key_admit_exactly_the_limit() {
     let server = RedisServer::start().expect("redis-server");
@@ -77,7 +65,7 @@ async fn concurrent_hits_on_one_key_admit_exactly_the_limit() {
     // Each admitted hit saw the hits before it in the same batch: 49, 48, ... 0, once each.
     assert_eq!(remaining, (0..limit).collect::<Vec<_>>());
     assert_eq!(denied, 400 - limit as usize);
-    let calls = script_calls(&server);
+    let calls = server.script_calls();
     assert!(
         calls < 400,
         "400 decisions in {calls} script calls: nothing was batched"

@@ -32,26 +32,6 @@ async fn connect(url: &str) -> RedisStore {
         .expect("connect")
 }
 
-/// Script calls Redis ran so far (EVAL, EVALSHA and FCALL), from `INFO commandstats`.
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]).expect("INFO");
-    info.lines()
-        .filter(|line| {
-            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
-                .iter()
-                .any(|name| line.starts_with(name))
-        })
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Acquires lease `first + i` for each `i < count` on each key at once (all spawned before
 /// any is awaited); per key, the `remaining` of each admitted acquire and its lease ids.
 async fn acquire_all_at_once(
@@ -170,7 +150,7 @@ async fn concurrent_steps_on_one_key_hold_exactly_the_limit() {
     let key = [Identifier::grouped("batch:x:", "one", ":5 concurrent")];
     exactly_the_limit(&store, &key, 5, 200).await;
     // 200 acquires, renews and releases, then 200 acquires.
-    let calls = script_calls(&server);
+    let calls = server.script_calls();
     assert!(
         calls < 400,
         "800 lease steps in {calls} script calls: nothing was batched"
@@ -247,7 +227,7 @@ async fn a_cluster_batch_mixing_slots_holds_exactly_the_limit_on_each() {
         keys.iter().map(sluice_redis::script::slot_of).collect();
     assert!(slots.len() > 20, "the keys share slots: {slots:?}");
     exactly_the_limit(&store, &keys, 5, 12).await;
-    let calls: u64 = cluster.nodes.iter().map(script_calls).sum();
+    let calls: u64 = cluster.nodes.iter().map(RedisServer::script_calls).sum();
     let steps = 4 * 12 * keys.len() as u64;
     assert!(
         calls < steps,

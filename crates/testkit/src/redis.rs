@@ -81,6 +81,23 @@ impl RedisServer {
             .output()?;
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
+
+    /// Script calls the server ran so far (EVAL, EVALSHA and FCALL), from
+    /// `INFO commandstats`: how many calls a batch of decisions took.
+    pub fn script_calls(&self) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]).expect("INFO");
+        info.lines()
+            .filter(|line| {
+                ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                    .iter()
+                    .any(|name| line.starts_with(name))
+            })
+            .filter_map(|line| {
+                let calls = line.split("calls=").nth(1)?.split(',').next()?;
+                calls.parse::<u64>().ok()
+            })
+            .sum()
+    }
 }
 
 impl Drop for RedisServer {
