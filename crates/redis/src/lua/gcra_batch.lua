@@ -4,7 +4,10 @@
 --
 -- The same writes as algorithms.lua's `run` for that shape (gcra.verdict, gcra.record,
 -- gcra.save), line for line, checked against the same vectors, without the library: no
--- function or table built per call but the reply, no rule tree, one `SET ... PX` per write.
+-- function or table built per call but the reply, no rule tree, one `SET ... PX` per key
+-- written. A key named by several hits of the batch is written once, after the last of them:
+-- each hit reads what the one before it recorded (`written`), and nothing else runs between
+-- them, so only the final state and its expiry can ever be seen.
 -- `now` (integer microseconds) is defined by the entry before this text (redis_now.lua, or
 -- the tests' `now`).
 --
@@ -20,6 +23,9 @@
 -- 0 <= a < 2^53 and b >= 1 the double quotient never rounds up to the next integer (it would
 -- take an error of 1/b, and the error is at most a/b * 2^-53), so the two agree here.
 
+-- The library functions as locals: a global lookup per use is a few percent of the script's
+-- cost in a batch (callgrind, redis-server running 16 hits per call on 1,000,000 keys).
+local max, min, floor, format = math.max, math.min, math.floor, string.format
 local sets = tonumber(ARGV[1])
 local params = {}
 for s = 1, sets do
@@ -30,35 +36,40 @@ end
 local first = 1 + sets * 5
 local debts = {}
 -- Every key read in one command (one call into Redis instead of one per hit); a key named
--- again later in the batch reads what this call wrote to it (`written`, false once deleted).
+-- again later in the batch reads what the hits before it recorded (`written`: each recorded
+-- key's latest TAT; `order`: those keys, each once).
 local read = redis.call('MGET', unpack(KEYS))
-local written = {}
+local written, order = {}, {}
 for i = 1, #KEYS do
   local p = params[tonumber(ARGV[first + i])]
   local cost, recording, interval, burst, window = p[1], p[2], p[3], p[4], p[5]
-  local stored = written[KEYS[i]]
-  if stored == nil then stored = read[i] end
-  local tat = tonumber(stored) or 0
+  local key = KEYS[i]
+  local tat = written[key]
+  if tat == nil then tat = tonumber(read[i]) or 0 end
   local tau = burst * interval
   local inc = cost * interval
   -- gcra.verdict
-  local debt = math.max(tat, now) - now
+  local debt = max(tat, now) - now
   -- Admitted hits are recorded unless recording is `never`; denied ones only when it is
   -- `always`, and never a cost above the capacity.
   if recording ~= 2 and inc <= tau and (recording == 1 or debt <= tau - inc) then
-    -- gcra.record and gcra.save (the recorded TAT is later than now: inc > 0 or debt > 0,
-    -- or it equals now and the key is deleted), with the expiry in the same command.
-    local recorded = math.max(math.min(math.max(tat, now) + inc, now + tau + window), tat)
-    if recorded <= now then
-      redis.call('DEL', KEYS[i])
-      written[KEYS[i]] = false
-    else
-      local text = string.format('%d', recorded)
-      redis.call('SET', KEYS[i], text, 'PX',
-        math.max(math.floor((recorded - now + 999) / 1000), 1))
-      written[KEYS[i]] = text
-    end
+    -- gcra.record (the recorded TAT is later than now: inc > 0 or debt > 0, or it equals
+    -- now and the key is deleted below).
+    local recorded = max(min(max(tat, now) + inc, now + tau + window), tat)
+    if written[key] == nil then order[#order + 1] = key end
+    written[key] = recorded
   end
   debts[i] = debt
+end
+-- gcra.save, once per key: the final TAT with its expiry in the same command, or the key
+-- deleted when that TAT is not later than now.
+for _, key in ipairs(order) do
+  local recorded = written[key]
+  if recorded <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, format('%d', recorded), 'PX',
+      max(floor((recorded - now + 999) / 1000), 1))
+  end
 end
 return debts

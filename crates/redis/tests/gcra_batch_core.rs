@@ -1,0 +1,155 @@
+//! The lean GCRA batch script against the core, hit by hit: random batches of hits on a few
+//! keys (a key often named several times in one batch, some costs above what is left, some
+//! hits counted when denied or never counted) must answer exactly as sluice-core's GCRA
+//! deciding them one after the other at the batch's `now`, leave each key holding the
+//! core's final TAT, and give a written key the expiry of that final TAT (the script writes
+//! a key once per batch, after its last hit).
+
+use std::collections::BTreeMap;
+
+use sluice_core::{
+    Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
+};
+use sluice_limiter::{Hit, Identifier};
+use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, batch_arguments, micro};
+use sluice_testkit::RedisServer;
+
+/// The lean script's test entry: `now` from the last argument instead of Redis's clock.
+const TEST_ENTRY: &str = "local now = tonumber(ARGV[#ARGV])\n";
+
+/// xorshift64*, so every run replays the same hits.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// A GCRA quota of `count` per `seconds`, as the limiter hands it to the store.
+fn quota(count: u64, seconds: u64) -> Quota {
+    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
+    Quota::from_leaf(&Leaf::new(rate), Algorithm::Gcra).unwrap()
+}
+
+/// The script's five arguments for a hit, as the store builds them.
+fn lean_arguments(quota: Quota, cost: u64, recording: Recording) -> [u64; 5] {
+    let id = [Identifier::new("k")];
+    let hit = Hit {
+        identifiers: &id,
+        evaluation: Evaluation {
+            shape: &Shape::Leaf(0),
+            quotas: &[quota],
+            cost,
+            recording,
+            penalty: None,
+        },
+        penalty_identifier: None,
+    };
+    LeanGcra::of(&hit).unwrap().expect("a lean hit").arguments()
+}
+
+/// The index of `key` in the test's keys (`k0`, `k1`, `k2`).
+fn key_index(key: &str) -> usize {
+    key[1..].parse().unwrap()
+}
+
+#[test]
+fn batches_with_repeated_keys_decide_and_store_as_the_core() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_connection().expect("connect");
+    let script = redis::Script::new(&format!("{TEST_ENTRY}{GCRA_BATCH_LUA}"));
+
+    let quotas = [quota(5, 1), quota(3, 60), quota(100, 10)];
+    // The core decides in the script's unit, microseconds.
+    let micros: Vec<Quota> = quotas.iter().map(|q| micro(q).unwrap()).collect();
+    let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
+    let keys = ["k0", "k1", "k2"];
+    // The core's TAT of each key (absent: a full bucket).
+    let mut core: BTreeMap<&str, u64> = BTreeMap::new();
+    let (mut rng, mut now, mut hits, mut denied, mut repeats) = (0x5eed_u64, 1_000_000, 0, 0, 0);
+
+    for batch in 0..400 {
+        // Time moves by up to 0.4 s between batches: buckets refill partly, rarely whole.
+        now += next(&mut rng) % 400_000;
+        let size = 1 + (next(&mut rng) % 12) as usize;
+        let mut sent = Vec::new();
+        for _ in 0..size {
+            let key = (next(&mut rng) % keys.len() as u64) as usize;
+            let q = quotas[key];
+            let cost = [1, 1, 1, 2, 0][(next(&mut rng) % 5) as usize];
+            let recording = recordings[[0, 0, 0, 0, 1, 2][(next(&mut rng) % 6) as usize]];
+            sent.push((keys[key], q, cost, recording));
+        }
+        let lean: Vec<[u64; 5]> = sent
+            .iter()
+            .map(|&(_, q, cost, recording)| lean_arguments(q, cost, recording))
+            .collect();
+        let mut args: Vec<u64> = batch_arguments(lean);
+        args.push(now);
+        let mut invocation = script.prepare_invoke();
+        for (key, ..) in &sent {
+            invocation.key(*key);
+        }
+        for arg in &args {
+            invocation.arg(*arg);
+        }
+        let debts: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        assert_eq!(debts.len(), sent.len());
+
+        let mut last_write: BTreeMap<&str, u64> = BTreeMap::new();
+        for (i, &(key, _, cost, recording)) in sent.iter().enumerate() {
+            let tat = core.get(key).copied().unwrap_or(0);
+            assert_eq!(
+                debts[i] as u64,
+                tat.max(now) - now,
+                "batch {batch}, hit {i} on {key}: the debt before the hit"
+            );
+            let mut states = [State::Gcra { tat }];
+            let outcome = evaluate(
+                &Evaluation {
+                    shape: &Shape::Leaf(0),
+                    quotas: &[micros[key_index(key)]],
+                    cost,
+                    recording,
+                    penalty: None,
+                },
+                &mut states,
+                None,
+                now,
+            );
+            hits += 1;
+            denied += u64::from(!outcome.decision.allowed());
+            let State::Gcra { tat: after } = states[0] else {
+                unreachable!("a GCRA state")
+            };
+            if outcome.changed {
+                repeats += u64::from(last_write.contains_key(key));
+                last_write.insert(key, after);
+            }
+            core.insert(key, after);
+        }
+
+        for key in keys {
+            let stored: Option<u64> = redis::cmd("GET").arg(key).query(&mut con).unwrap();
+            let expected = core.get(key).copied().unwrap_or(0);
+            assert_eq!(
+                stored.unwrap_or(0).max(now),
+                expected.max(now),
+                "batch {batch}: {key} holds the core's final TAT"
+            );
+            if let Some(&tat) = last_write.get(key)
+                && tat > now
+            {
+                let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
+                let px = (tat - now).div_ceil(1_000).max(1) as i64;
+                assert!(
+                    ttl <= px && ttl > px - 1_000,
+                    "batch {batch}: {key} expires in {ttl} ms, its final TAT in {px}"
+                );
+            }
+        }
+    }
+    assert!(denied * 10 > hits, "only {denied} of {hits} hits denied");
+    assert!(repeats > 200, "only {repeats} repeated writes in a batch");
+}
