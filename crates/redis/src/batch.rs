@@ -2,12 +2,13 @@
 //! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer); the
 //! single-leaf lease steps go the same way in their own queue (`src/lease_batch.rs`).
 //!
-//! Callers queue their hit; one writer task per store and kind takes what is queued, at most
-//! [`MAX_BATCH`] hits, and sends it. There is no timer: a hit that finds the queue empty and
-//! a call slot free goes at once, alone; hits that arrive while [`IN_FLIGHT`] calls are
-//! already out wait for the next one and go together. So batching adds no latency at low
-//! load, and at high load one script call, one reply and one round of syscalls serve many
-//! decisions.
+//! There is no timer. A hit that finds nothing waiting and a call slot free is sent at once,
+//! alone, by its caller's own task (no hop through another task, so a lone decision waits
+//! only for its round trip). Hits that arrive while [`IN_FLIGHT`] calls are already out are
+//! queued; one writer task per store and kind takes the first, waits for a call slot, then
+//! takes what else is queued, at most [`MAX_BATCH`] hits, and sends them together. So
+//! batching adds no latency at low load, and at high load one script call, one reply and one
+//! round of syscalls serve many decisions.
 //!
 //! On a Cluster a script call's keys must share a slot: a batch is split by slot, and its
 //! per-slot calls go out together (the cluster connection pipelines those bound for one
@@ -16,9 +17,10 @@
 //! never waits behind its own queue.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::RedisError;
 use crate::script::{GCRA_BATCH, batch_arguments};
@@ -74,26 +76,59 @@ impl Batched for Pending {
 /// The queue of a store's steps of one kind; its writer task ends when the store is dropped.
 pub(crate) struct Batcher<P: Batched = Pending> {
     queue: mpsc::UnboundedSender<P>,
+    /// Call slots: at most this many calls out at once, sent alone or batched.
+    slots: Arc<Semaphore>,
+    /// Steps queued and not yet sent (in the queue, or taken by the writer and waiting for
+    /// a slot): a step goes alone only when this is 0, so a batch is never overtaken for long.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl<P: Batched> Batcher<P> {
     /// Starts the writer task on the current runtime (the one the connection's own tasks
     /// run on). `store` is weak so that the task does not keep the store alive.
     pub(crate) fn start(store: Weak<Inner>, cluster: bool) -> Batcher<P> {
-        let (queue, hits) = mpsc::unbounded_channel();
-        let slots = if cluster {
+        let (queue, steps) = mpsc::unbounded_channel();
+        let slots = Arc::new(Semaphore::new(if cluster {
             IN_FLIGHT_CLUSTER
         } else {
             IN_FLIGHT
-        };
-        tokio::spawn(write(store, hits, Arc::new(Semaphore::new(slots)), cluster));
-        Batcher { queue }
+        }));
+        let waiting = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(write(store, steps, slots.clone(), waiting.clone(), cluster));
+        Batcher {
+            queue,
+            slots,
+            waiting,
+        }
     }
 
-    /// Queues `pending`; an error when the writer task is gone (its runtime shut down).
-    pub(crate) fn submit(&self, pending: P) -> Result<(), RedisError> {
-        self.queue.send(pending).map_err(|_| gone())
+    /// Sends `pending` alone when nothing waits and a call slot is free (the returned
+    /// future sends it and answers it: the caller awaits it, under its timeout, before its
+    /// answer); queues it for the writer otherwise (`None`). An error when the writer task
+    /// is gone (its runtime shut down).
+    pub(crate) fn submit(
+        &self,
+        store: &RedisStore,
+        pending: P,
+    ) -> Result<Option<impl Future<Output = ()> + Send + 'static>, RedisError> {
+        if self.waiting.load(Ordering::Acquire) == 0
+            && let Ok(slot) = self.slots.clone().try_acquire_owned()
+        {
+            return Ok(Some(send_alone(store.clone(), pending, slot)));
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.queue.send(pending).map_err(|_| {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            gone()
+        })?;
+        Ok(None)
     }
+}
+
+/// One step sent by its caller, holding a call slot until its reply.
+async fn send_alone<P: Batched>(store: RedisStore, pending: P, slot: OwnedSemaphorePermit) {
+    P::send(store, vec![pending]).await;
+    drop(slot);
 }
 
 /// The error of a hit whose call cannot be made: transient, like a dropped connection.
@@ -104,29 +139,31 @@ pub(crate) fn gone() -> RedisError {
     )))
 }
 
-/// The writer: waits for a call slot, then for a hit, takes what else is queued (up to
+/// The writer: waits for a step, then for a call slot, takes what else is queued (up to
 /// [`MAX_BATCH`]) and sends it in a task of its own, so the next batch can form meanwhile.
 async fn write<P: Batched>(
     store: Weak<Inner>,
-    mut hits: mpsc::UnboundedReceiver<P>,
+    mut steps: mpsc::UnboundedReceiver<P>,
     slots: Arc<Semaphore>,
+    waiting: Arc<AtomicUsize>,
     cluster: bool,
 ) {
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
+        let Some(first) = steps.recv().await else {
             return;
         };
-        let Some(first) = hits.recv().await else {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let mut batch = Vec::with_capacity(MAX_BATCH);
         batch.push(first);
         while batch.len() < MAX_BATCH {
-            match hits.try_recv() {
+            match steps.try_recv() {
                 Ok(pending) => batch.push(pending),
                 Err(_) => break,
             }
         }
+        waiting.fetch_sub(batch.len(), Ordering::AcqRel);
         // A caller that stopped waiting (its timeout passed) gets no answer.
         batch.retain(|pending| !pending.abandoned());
         if batch.is_empty() {

@@ -241,18 +241,21 @@ impl RedisStore {
         id: u64,
     ) -> Result<LeaseAnswer, RedisError> {
         let (reply, answer) = oneshot::channel();
-        self.lease_batcher().submit(LeasePending {
-            key: crate::slot::key(identifier),
-            step,
-            id,
-            slot: if self.is_cluster() {
-                crate::slot::slot_of(identifier)
-            } else {
-                0
+        let alone = self.lease_batcher().submit(
+            self,
+            LeasePending {
+                key: crate::slot::key(identifier),
+                step,
+                id,
+                slot: if self.is_cluster() {
+                    crate::slot::slot_of(identifier)
+                } else {
+                    0
+                },
+                reply,
             },
-            reply,
-        })?;
-        self.await_batched(answer).await
+        )?;
+        self.await_batched(alone, answer).await
     }
 
     /// Adds `expired` to [`RedisStore::leases_expired`].

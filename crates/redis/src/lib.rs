@@ -25,8 +25,9 @@
 //!   the core's GCRA turns it into the decision, so the caller sees what the full script
 //!   would say (the shared vectors check it). Such hits waiting at once are **batched**:
 //!   one writer task per store sends what is queued (at most 64 hits) as one script call
-//!   that decides each in order, while at most two calls are out. There is no timer: a hit
-//!   that finds nothing in flight goes at once, alone. On a Cluster a batch is split by slot
+//!   that decides each in order and writes each key once, with its final state, while at
+//!   most two calls are out. There is no timer: a hit that finds nothing waiting and a call
+//!   free is sent at once, alone, by its caller's own task. On a Cluster a batch is split by slot
 //!   (a script's keys share one), its per-slot calls sent together. A call that fails fails
 //!   every hit in it (`Unavailable` or `Timeout`): none is ever reported admitted without
 //!   Redis's answer, though a call whose reply was lost may have counted.

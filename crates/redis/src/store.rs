@@ -472,26 +472,37 @@ impl RedisStore {
     async fn decide_lean(&self, hit: &Hit<'_>, lean: LeanGcra) -> Result<Decision, RedisError> {
         let identifier = &hit.identifiers[0];
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.inner.batcher.submit(Pending {
-            key: key(identifier),
-            arguments: lean.arguments(),
-            slot: if self.is_cluster() {
-                slot_of(identifier)
-            } else {
-                0
+        let alone = self.inner.batcher.submit(
+            self,
+            Pending {
+                key: key(identifier),
+                arguments: lean.arguments(),
+                slot: if self.is_cluster() {
+                    slot_of(identifier)
+                } else {
+                    0
+                },
+                reply,
             },
-            reply,
-        })?;
-        let debt = self.await_batched(answer).await?;
+        )?;
+        let debt = self.await_batched(alone, answer).await?;
         lean.decision(debt)
     }
 
-    /// Waits, within the store's timeout, for the answer of a step queued for a batch.
+    /// Waits, within the store's timeout, for the answer of a step submitted for a batch,
+    /// sending it first when it goes `alone` (see `Batcher::submit`).
     pub(crate) async fn await_batched<T>(
         &self,
+        alone: Option<impl Future<Output = ()>>,
         answer: tokio::sync::oneshot::Receiver<Result<T, RedisError>>,
     ) -> Result<T, RedisError> {
-        match tokio::time::timeout(self.inner.timeout, answer).await {
+        let answered = async {
+            if let Some(send) = alone {
+                send.await;
+            }
+            answer.await
+        };
+        match tokio::time::timeout(self.inner.timeout, answered).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(gone()),
             Err(_) => {
