@@ -2,13 +2,16 @@
 //! `redis-benchmark` running EVALSHA of a minimal GCRA script and of sluice's own scripts on
 //! the same server, in one run: single-leaf GCRA, 50 concurrent callers, on 1 key and on
 //! 1,000,000 keys, redis-benchmark at pipeline depth 1 and 16.
-//! One caller deciding alone gives the latency figures (p50 and p99 of each decision), and
-//! the server's script call count how many decisions the store batched per call.
+//! One caller deciding alone (a task on the runtime's one worker) gives the latency figures
+//! (p50 and p99 of each decision), and the server's script call count how many decisions
+//! the store batched per call.
 //! Run: `cargo bench -p sluice-redis --bench throughput`.
 //!
 //! With `SLUICE_BENCH_REDIS_CELL=/path/to/libredis_cell.so` (redis-cell built outside the
 //! repository), a second redis-server loads that module and `CL.THROTTLE` runs under
-//! redis-benchmark beside the scripts, pinned to the same core.
+//! redis-benchmark beside the scripts, pinned to the same core. `SLUICE_BENCH_SCRIPTS=
+//! sluice_lean_batch_16,redis_cell_throttle` (names as in the output) runs only those beside
+//! the store.
 //!
 //! The store keeps 50 requests in flight over its one multiplexed connection (so its requests
 //! are pipelined); redis-benchmark uses 50 connections. Redis CPU per decision is the
@@ -242,6 +245,10 @@ fn main() {
                 1,
             ));
         }
+        // `SLUICE_BENCH_SCRIPTS=name,name` runs only those beside the store (a shorter run).
+        if let Ok(only) = std::env::var("SLUICE_BENCH_SCRIPTS") {
+            scripts.retain(|(name, ..)| only.split(',').any(|o| o == *name));
+        }
         let mut store_rounds = Rounds::default();
         let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
         let mut batch_sizes = Vec::new();
@@ -263,7 +270,13 @@ fn main() {
             let seconds = started.elapsed().as_secs_f64();
             store_rounds.push(rate * seconds, seconds, cpu_seconds(pid) - cpu);
             batch_sizes.push(rate * seconds / (redis.script_calls() - calls) as f64);
-            let (p50, p99) = runtime.block_on(one_caller_latency(&store, quota, &keys, ROUND));
+            // The caller runs on the runtime's worker, as a request handler would: on this
+            // thread every answer would wake it across threads, which is the machine's cost.
+            let caller = {
+                let (store, keys) = (store.clone(), keys.clone());
+                runtime.spawn(async move { one_caller_latency(&store, quota, &keys, ROUND).await })
+            };
+            let (p50, p99) = runtime.block_on(caller).expect("the lone caller");
             p50s.push(p50);
             p99s.push(p99);
             for (i, (depth, (_, call, server, per_call))) in DEPTHS
