@@ -56,15 +56,25 @@ impl Keys {
     }
 
     pub fn state(&self) -> String {
-        format!("{}|s", self.base)
+        self.with_suffix("|s")
     }
 
     pub fn meta(&self) -> String {
-        format!("{}|m", self.base)
+        self.with_suffix("|m")
     }
 
     pub fn window(&self, number: u64) -> String {
-        format!("{}|w{number}", self.base)
+        let mut key = self.with_suffix("|w");
+        key.push_str(itoa::Buffer::new().format(number));
+        key
+    }
+
+    /// The base and `suffix`, in one allocation with room for a number after it.
+    fn with_suffix(&self, suffix: &str) -> String {
+        let mut key = String::with_capacity(self.base.len() + suffix.len() + 20);
+        key.push_str(&self.base);
+        key.push_str(suffix);
+        key
     }
 }
 

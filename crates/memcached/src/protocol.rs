@@ -46,15 +46,24 @@ pub fn get(out: &mut Vec<u8>, keys: &[&str], with_cas: bool) {
 }
 
 /// `set|add|cas <key> 0 <exptime> <bytes> [<cas>]` and the data block.
+///
+/// Numbers are written with `itoa` rather than `format!`: every decision sends one or two
+/// such commands, and a formatted `String` each was about 2,500 instructions a decision
+/// (callgrind, the throughput bench on 1,000,000 keys).
 pub fn store(out: &mut Vec<u8>, verb: Verb, key: &str, exptime: u32, value: &[u8]) {
-    let name = match verb {
-        Verb::Set => "set",
-        Verb::Add => "add",
-        Verb::Cas(_) => "cas",
-    };
-    out.extend_from_slice(format!("{name} {key} 0 {exptime} {}", value.len()).as_bytes());
+    out.extend_from_slice(match verb {
+        Verb::Set => b"set ",
+        Verb::Add => b"add ",
+        Verb::Cas(_) => b"cas ",
+    });
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b" 0 ");
+    push_number(out, exptime.into());
+    out.push(b' ');
+    push_number(out, value.len() as u64);
     if let Verb::Cas(unique) = verb {
-        out.extend_from_slice(format!(" {unique}").as_bytes());
+        out.push(b' ');
+        push_number(out, unique);
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(value);
@@ -63,12 +72,22 @@ pub fn store(out: &mut Vec<u8>, verb: Verb, key: &str, exptime: u32, value: &[u8
 
 /// `incr <key> <by>` or `decr <key> <by>`.
 pub fn incr(out: &mut Vec<u8>, key: &str, by: u64, up: bool) {
-    let name = if up { "incr" } else { "decr" };
-    out.extend_from_slice(format!("{name} {key} {by}\r\n").as_bytes());
+    out.extend_from_slice(if up { b"incr " } else { b"decr " });
+    out.extend_from_slice(key.as_bytes());
+    out.push(b' ');
+    push_number(out, by);
+    out.extend_from_slice(b"\r\n");
 }
 
 pub fn delete(out: &mut Vec<u8>, key: &str) {
-    out.extend_from_slice(format!("delete {key}\r\n").as_bytes());
+    out.extend_from_slice(b"delete ");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in decimal.
+pub fn push_number(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 pub fn version(out: &mut Vec<u8>) {
@@ -305,6 +324,15 @@ mod tests {
         assert_eq!(
             out,
             b"gets a b\r\ncas k 0 60 2 7\r\nv1\r\nadd k 0 1 0\r\n\r\ndecr c 5\r\ndelete k\r\n"
+        );
+        out.clear();
+        store(&mut out, Verb::Cas(u64::MAX), "k", u32::MAX, b"0123456789");
+        store(&mut out, Verb::Set, "s", 0, b"g 1");
+        incr(&mut out, "c", u64::MAX, true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "cas k 0 4294967295 10 18446744073709551615\r\n0123456789\r\n\
+             set s 0 0 3\r\ng 1\r\nincr c 18446744073709551615\r\n"
         );
     }
 

@@ -39,7 +39,13 @@ pub enum Stored {
 
 pub fn encode_state(state: &State) -> Vec<u8> {
     let text = match state {
-        State::Gcra { tat } => format!("g {tat}"),
+        State::Gcra { tat } => {
+            // The most common value: no `format!` (see `protocol::store`).
+            let mut text = Vec::with_capacity(22);
+            text.extend_from_slice(b"g ");
+            crate::protocol::push_number(&mut text, *tat);
+            return text;
+        }
         State::FixedWindow { window, count } => format!("f {window} {count}"),
         State::SlidingLog(log) => {
             let mut text = String::from("l");
