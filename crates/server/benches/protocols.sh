@@ -25,14 +25,14 @@ wrk.method = "POST"
 wrk.headers["content-type"] = "application/json"
 wrk.body = '{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"u1"}]}]}'
 LUA
-target/release/sluice serve --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 \
+"${CARGO_TARGET_DIR:-target}"/release/sluice serve --listen 127.0.0.1:0 --grpc-listen 127.0.0.1:0 \
     --resp-listen 127.0.0.1:0 --envoy-config "$dir/envoy" >"$dir/out" 2>/dev/null &
 pid=$!
 for _ in $(seq 50); do [[ $(wc -l <"$dir/out") -ge 3 ]] && break; sleep 0.1; done
 http=$(awk '/sluice listening/ {print $NF}' "$dir/out")
 grpc=$(awk '/grpc listening/ {print $NF}' "$dir/out")
 resp=$(awk '/resp listening/ {print $NF}' "$dir/out")
-load=target/release/examples/load
+load="${CARGO_TARGET_DIR:-target}"/release/examples/load
 rate() { awk '{for (i = 1; i <= NF; i++) if ($i ~ /\/s$/) {sub("/s", "", $i); print $i}}'; }
 wrk_rate() { awk '/Requests\/sec/ {print $2}'; }
 ratio() { awk -v a="$2" -v b="$3" -v n="$1" 'BEGIN {printf "%s decisions=%.0f/s trivial=%.0f/s ratio=%.2f\n", n, a, b, a / b}'; }

@@ -18,8 +18,8 @@ cd "$(dirname "$0")/../../.."
 rounds=${1:-3}
 seconds=${2:-5}
 : "${LIMITADOR:?set LIMITADOR to a limitador-server binary}"
-sluice=${SLUICE:-target/release/sluice}
-load=${LOAD:-target/release/examples/load}
+sluice=${SLUICE:-${CARGO_TARGET_DIR:-target}/release/sluice}
+load=${LOAD:-${CARGO_TARGET_DIR:-target}/release/examples/load}
 if [[ -z ${SLUICE:-} ]]; then
     cargo build --release -q -p sluice-cli
     cargo build --release -q -p sluice-server --example load

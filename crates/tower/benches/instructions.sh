@@ -22,7 +22,7 @@ command -v valgrind >/dev/null || scripts/apt-install.sh valgrind
 cargo build --release -q -p sluice-tower --example overhead_server
 dir=$(mktemp -d)
 valgrind --tool=callgrind --callgrind-out-file="$dir/out" \
-    target/release/examples/overhead_server >"$dir/log" 2>"$dir/valgrind" &
+    "${CARGO_TARGET_DIR:-target}"/release/examples/overhead_server >"$dir/log" 2>"$dir/valgrind" &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$dir"' EXIT
 

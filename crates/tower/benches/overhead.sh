@@ -41,7 +41,7 @@ command -v wrk >/dev/null || scripts/apt-install.sh wrk
 
 cargo build --release -q -p sluice-tower --example overhead_server
 log=$(mktemp)
-"${server_cpu[@]}" target/release/examples/overhead_server >"$log" &
+"${server_cpu[@]}" "${CARGO_TARGET_DIR:-target}"/release/examples/overhead_server >"$log" &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; rm -f "$log"' EXIT
 
