@@ -106,15 +106,20 @@ impl<P: Batched> Batcher<P> {
     /// future sends it and answers it: the caller awaits it, under its timeout, before its
     /// answer); queues it for the writer otherwise (`None`). An error when the writer task
     /// is gone (its runtime shut down).
+    ///
+    /// The future is boxed: unboxed, the whole Redis call's future became part of every
+    /// caller's, deep enough to pass the compiler's layout depth limit in a caller that
+    /// nests it further (this crate's lease benchmark did). A lone call waits a round trip,
+    /// so its one allocation does not show.
     pub(crate) fn submit(
         &self,
         store: &RedisStore,
         pending: P,
-    ) -> Result<Option<impl Future<Output = ()> + Send + 'static>, RedisError> {
+    ) -> Result<Option<Alone>, RedisError> {
         if self.waiting.load(Ordering::Acquire) == 0
             && let Ok(slot) = self.slots.clone().try_acquire_owned()
         {
-            return Ok(Some(send_alone(store.clone(), pending, slot)));
+            return Ok(Some(Box::pin(send_alone(store.clone(), pending, slot))));
         }
         self.waiting.fetch_add(1, Ordering::AcqRel);
         self.queue.send(pending).map_err(|_| {
@@ -124,6 +129,9 @@ impl<P: Batched> Batcher<P> {
         Ok(None)
     }
 }
+
+/// A step's call made by its caller (see [`Batcher::submit`]).
+pub(crate) type Alone = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// One step sent by its caller, holding a call slot until its reply.
 async fn send_alone<P: Batched>(store: RedisStore, pending: P, slot: OwnedSemaphorePermit) {

@@ -493,7 +493,7 @@ impl RedisStore {
     /// sending it first when it goes `alone` (see `Batcher::submit`).
     pub(crate) async fn await_batched<T>(
         &self,
-        alone: Option<impl Future<Output = ()>>,
+        alone: Option<crate::batch::Alone>,
         answer: tokio::sync::oneshot::Receiver<Result<T, RedisError>>,
     ) -> Result<T, RedisError> {
         let answered = async {
