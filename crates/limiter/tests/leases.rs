@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use sluice_limiter::{
-    Denial, Error, Limiter, ManualClock, MemoryStore, Policy, Released, StoreError,
+    Denial, Error, LeaseId, Limiter, ManualClock, MemoryStore, Policy, Released, StoreError,
 };
 
 const ALICE: &[(&str, &str)] = &[("user", "alice")];
@@ -273,4 +273,23 @@ fn a_lease_dropped_on_a_remote_store_is_released_by_a_task() {
             tokio::task::yield_now().await;
         }
     });
+}
+
+/// Lease ids taken on many threads at once never repeat: each thread draws from a block of
+/// numbers of its own, and the blocks never overlap.
+#[test]
+fn lease_ids_from_many_threads_are_distinct() {
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(|| (0..20_000).map(|_| LeaseId::random().0).collect::<Vec<_>>())
+        })
+        .collect();
+    let mut ids: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let taken = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), taken, "a lease id was given twice");
 }
