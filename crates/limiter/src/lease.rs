@@ -34,7 +34,7 @@ impl LeaseId {
     /// A fresh id: a number no other call in this process gets, mixed by a hasher seeded at
     /// random per process.
     ///
-    /// Each thread takes numbers from a block of its own ([`ID_BLOCK`] at a time from one
+    /// Each thread takes numbers from a block of its own (2^20 at a time from one
     /// process-wide counter), so threads acquiring at once do not pass one counter's cache
     /// line between them on every lease.
     pub fn random() -> LeaseId {
