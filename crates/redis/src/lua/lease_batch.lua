@@ -25,7 +25,9 @@
 --   release: 1 released, 2 expired (kept but expired), 0 not held
 --   renew:   the time left on the renewed lease, or -1 when it is not held
 
-local now_s = string.format('%d', now)
+-- The library functions as locals, as in gcra_batch.lua: a global lookup per use costs.
+local max, floor, format, huge = math.max, math.floor, string.format, math.huge
+local now_s = format('%d', now)
 local out, n = {}, 0
 
 -- What this call knows of each key an acquire touched. That acquire dropped the expired
@@ -46,7 +48,7 @@ local stamps = {}
 
 -- The key lives as long as its latest lease (`expires_at`).
 local function expire(key, expires_at)
-  local ms = math.floor((expires_at - now + 999) / 1000)
+  local ms = floor((expires_at - now + 999) / 1000)
   if ms < 1 then ms = 1 end
   redis.call('PEXPIRE', key, ms)
 end
@@ -95,8 +97,8 @@ end
 -- expired at `latest` before: the key then expires with its latest lease, never sooner.
 -- The set's latest expiry now.
 local function renew_held(key, k, lease, id, score, latest)
-  local at = math.max(now + lease, score)
-  if at > score then redis.call('ZADD', key, string.format('%d', at), id) end
+  local at = max(now + lease, score)
+  if at > score then redis.call('ZADD', key, format('%d', at), id) end
   wrote(k, id, at, score)
   if at > latest then
     expire(key, at)
@@ -111,7 +113,7 @@ end
 local function verdict(limit, lease, key, cost, held, last, dropped)
   if held + cost <= limit then
     local reset = last
-    if cost > 0 then reset = math.max(last, lease) end
+    if cost > 0 then reset = max(last, lease) end
     if reset == lease and dropped == 0 then
       n = n + 1
       out[n] = limit - held - cost
@@ -131,7 +133,7 @@ local function verdict(limit, lease, key, cost, held, last, dropped)
     if kth[2] then retry = tonumber(kth[2]) - now end
   end
   out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
-    -1, code, math.max(limit - held, 0), last, retry, dropped
+    -1, code, max(limit - held, 0), last, retry, dropped
   n = n + 6
   return false
 end
@@ -144,17 +146,18 @@ local function acquire(key, limit, lease, id)
   local dropped = 0
   if not k then
     dropped = redis.call('ZREMRANGEBYSCORE', key, '-inf', now_s)
-    k = { size = redis.call('ZCARD', key), mine = {}, top = 0, old = math.huge, exact = false }
+    k = { size = redis.call('ZCARD', key), mine = {}, top = 0, old = huge, exact = false }
     known[key] = k
   end
   local held = k.size
-  local latest = expires_at(key, k)
+  local latest = k.top
+  if k.old > latest then latest = expires_at(key, k) end
   local score
   if held < limit then
     local at = now + lease
     local at_s = stamps[lease]
     if not at_s then
-      at_s = string.format('%d', at)
+      at_s = format('%d', at)
       stamps[lease] = at_s
     end
     if redis.call('ZADD', key, 'NX', at_s, id) == 1 then
@@ -162,20 +165,30 @@ local function acquire(key, limit, lease, id)
       k.size = held + 1
       wrote(k, id, at, nil)
       if at > latest then expire(key, at) end
-      verdict(limit, lease, key, 1, held, math.max(latest - now, 0), dropped)
+      -- concurrency::verdict of cost 1 with a slot free: admitted, reset after the later
+      -- of the set's latest lease and this one.
+      local reset = max(latest - now, lease)
+      if reset == lease and dropped == 0 then
+        n = n + 1
+        out[n] = limit - held - 1
+      else
+        out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] =
+          -1, 0, limit - held - 1, reset, 0, dropped
+        n = n + 6
+      end
       return
     end
     score = redis.call('ZSCORE', key, id)
   else
     score = redis.call('ZSCORE', key, id)
     if not score then
-      verdict(limit, lease, key, 1, held, math.max(latest - now, 0), dropped)
+      verdict(limit, lease, key, 1, held, max(latest - now, 0), dropped)
       return
     end
   end
   -- Held: renewed, then the verdict of cost 0.
   latest = renew_held(key, k, lease, id, tonumber(score), latest)
-  verdict(limit, lease, key, 0, held, math.max(latest - now, 0), dropped)
+  verdict(limit, lease, key, 0, held, max(latest - now, 0), dropped)
 end
 
 -- concurrency::release: other leases and the key's expiry are left as they are. On a known
@@ -200,8 +213,8 @@ local function renew(key, lease, id)
   local score = redis.call('ZSCORE', key, id)
   if not score or tonumber(score) <= now then return -1 end
   score = tonumber(score)
-  local at = math.max(now + lease, score)
-  redis.call('ZADD', key, string.format('%d', at), id)
+  local at = max(now + lease, score)
+  redis.call('ZADD', key, format('%d', at), id)
   local k = known[key]
   if k then wrote(k, id, at, score) end
   expire(key, expires_at(key, k))
@@ -214,9 +227,18 @@ for s = 1, sets do
   limits[s], leases[s] = tonumber(ARGV[s * 2]), tonumber(ARGV[s * 2 + 1])
 end
 local first = 1 + sets * 2
+-- The steps' kinds and sets, by their argument: most steps of a call share a few, and a
+-- table lookup costs less than a number read from a string.
+local ops = {}
 for i = 1, #KEYS do
-  local op, id = tonumber(ARGV[first + 2 * i - 1]), ARGV[first + 2 * i]
-  local kind, set = op % 4, (op - op % 4) / 4
+  local arg, id = ARGV[first + 2 * i - 1], ARGV[first + 2 * i]
+  local op = ops[arg]
+  if not op then
+    local number = tonumber(arg)
+    op = { number % 4, (number - number % 4) / 4 }
+    ops[arg] = op
+  end
+  local kind, set = op[1], op[2]
   if kind == 1 then
     acquire(KEYS[i], limits[set], leases[set], id)
   elseif kind == 2 then
