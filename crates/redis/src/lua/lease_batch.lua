@@ -145,8 +145,16 @@ local function acquire(key, limit, lease, id)
   local k = known[key]
   local dropped = 0
   if not k then
-    dropped = redis.call('ZREMRANGEBYSCORE', key, '-inf', now_s)
-    k = { size = redis.call('ZCARD', key), mine = {}, top = 0, old = huge, exact = false }
+    -- The size first: an empty set (a missing key) has nothing to drop and no latest lease,
+    -- so the first acquire on it asks Redis once, not three times.
+    local size = redis.call('ZCARD', key)
+    local old = 0
+    if size > 0 then
+      dropped = redis.call('ZREMRANGEBYSCORE', key, '-inf', now_s)
+      size = size - dropped
+      if size > 0 then old = huge end
+    end
+    k = { size = size, mine = {}, top = 0, old = old, exact = false }
     known[key] = k
   end
   local held = k.size
