@@ -1,0 +1,73 @@
+"""Drives one of sluice's batched Lua scripts on a redis-server for lua_instructions.sh.
+
+Usage: lua_drive.py PORT SCENARIO CALLS DIR. Loads the script as the store does (the
+redis_now.lua entry before the script's text), warms up, writes DIR/ready, waits for
+DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scenarios:
+  rate-1     16 GCRA hits per call on one key
+  rate-many  16 GCRA hits per call, each on a random one of 1,000,000 keys
+  lease-1    8 acquires of new lease ids and 8 releases of the last call's, one set
+  lease-many the same, each acquire on a random one of 1,000,000 sets
+"""
+
+import os
+import random
+import sys
+
+import redis
+
+port, scenario, calls, where = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+lua = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "lua")
+client = redis.Redis(port=port)
+random.seed(1)
+
+
+def load(name):
+    with open(os.path.join(lua, "redis_now.lua")) as now, open(os.path.join(lua, name)) as body:
+        return client.script_load(now.read() + body.read())
+
+
+def key(many, prefix):
+    return f"{prefix}:{random.randrange(1_000_000)}" if many else prefix
+
+
+if scenario.startswith("rate"):
+    sha = load("gcra_batch.lua")
+    many = scenario == "rate-many"
+    # One parameter set: cost 1, recorded when admitted, 1 µs interval, a burst and window
+    # so large that every hit is admitted and written.
+    params = [1, 1, 0, 1, 1_000_000, 1_000_000]
+
+    def call():
+        keys = [key(many, "bench:rate") for _ in range(16)]
+        return client.evalsha(sha, 16, *keys, *params, *([1] * 16))
+
+else:
+    sha = load("lease_batch.lua")
+    many = scenario == "lease-many"
+    held, next_id = [], [1]
+
+    def call():
+        # One quota set: 64 slots, leases of 60 s in microseconds; acquire is kind 1 of set
+        # 1 (1 + 4 * 1), release kind 2.
+        keys, args, taken = [], [1, 64, 60_000_000], []
+        for i in range(8):
+            set_key, lease = key(many, "bench:lease"), next_id[0]
+            next_id[0] += 1
+            keys.append(set_key)
+            args += [5, lease]
+            taken.append((set_key, lease))
+            if held:
+                keys.append(held[i][0])
+                args += [2, held[i][1]]
+        held[:] = taken
+        return client.evalsha(sha, len(keys), *keys, *args)
+
+
+for _ in range(50):
+    call()
+open(os.path.join(where, "ready"), "w").close()
+while not os.path.exists(os.path.join(where, "go")):
+    pass
+for _ in range(calls):
+    call()
+open(os.path.join(where, "done"), "w").close()

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Instructions redis-server spends per step of sluice's batched scripts, under callgrind:
+# the one Redis cost figure this machine's noise cannot move. Each scenario makes calls of 16
+# steps (see lua_drive.py) on a fresh redis-server, counts only the measured calls, and
+# prints instructions per step; an acquire + release pair is two lease steps. Issue 13's
+# target: a pair costs at most 2 rate checks.
+# Needs valgrind, redis-server and Python's redis package.
+# Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+calls=${1:-2000}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+measure() {
+  local scenario=$1 port pid driver total
+  port=$(free_port)
+  rm -f "$work"/ready "$work"/go "$work"/done
+  valgrind --tool=callgrind --callgrind-out-file="$work/out.$scenario" \
+    redis-server --port "$port" --save "" --appendonly no >"$work/log.$scenario" 2>&1 &
+  pid=$!
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+  python3 "$here/lua_drive.py" "$port" "$scenario" "$calls" "$work" &
+  driver=$!
+  until [ -f "$work/ready" ]; do
+    kill -0 "$driver" 2>/dev/null || { echo "$scenario: the driver failed" >&2; kill "$pid"; exit 1; }
+    sleep 0.1
+  done
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  touch "$work/go"
+  wait "$driver"
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  # The dump taken after zeroing (part 1) holds the measured calls only.
+  total=$(grep -hE '^(summary|totals):' "$work/out.$scenario.1" | head -1 | awk '{print $2}')
+  echo $((total / (calls * 16)))
+}
+
+printf '%-12s %s\n' scenario 'instructions per step'
+declare -A per
+for scenario in rate-1 lease-1 rate-many lease-many; do
+  per[$scenario]=$(measure "$scenario")
+  printf '%-12s %s\n' "$scenario" "${per[$scenario]}"
+done
+for keys in 1 many; do
+  python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
+    "${per[rate-$keys]}" "${per[lease-$keys]}"
+done
