@@ -8,7 +8,9 @@
 //! acquire + release costs at most 2 rate checks. Both the rate checks and the lease steps
 //! of a one-leaf rule are batched by the store; the run also prints how many operations
 //! shared a script call, the time spent inside scripts (`INFO commandstats`, wall time) and
-//! the Redis commands an acquire + release made.
+//! the Redis commands an acquire + release made. `SLUICE_BENCH_KEYS=N` spreads every
+//! operation over N keys (N lease sets; N rate-check keys) instead of one, as per-user limits
+//! are.
 //! Run: `cargo bench -p sluice-redis --bench leases`.
 
 use std::collections::BTreeMap;
@@ -62,32 +64,30 @@ fn script_calls(commands: &BTreeMap<String, (f64, f64)>) -> (f64, f64) {
         .fold((0.0, 0.0), |(calls, usec), (c, u)| (calls + c, usec + u))
 }
 
-/// Acquire + release pairs per second from `callers` tasks on one lease set of `quota`.
+/// Acquire + release pairs per second from `callers` tasks on the lease sets `sets` of
+/// `quota`, each caller taking them in turn.
 async fn pairs_per_second(
     store: &RedisStore,
     quota: Quota,
-    id: Identifier,
+    sets: Arc<Vec<[Identifier; 1]>>,
     callers: usize,
     round: Duration,
 ) -> f64 {
     calls_per_second(callers, round, |caller, round| {
-        let (store, id) = (store.clone(), id.clone());
+        let (store, sets) = (store.clone(), sets.clone());
         async move {
             let rule = OneLeaf::new(quota);
-            let ids = [id];
             let quotas = [quota];
-            let keys = LeaseKeys {
-                identifiers: &ids,
-                quotas: &quotas,
-            };
             let mut n = 0u64;
             while round.running() {
                 let lease = ((caller as u64) << 40) | n;
+                let ids = &sets[(caller + n as usize * CALLERS) % sets.len()];
                 n += 1;
-                let decision = store
-                    .acquire(&rule.hit(&ids), lease)
-                    .await
-                    .expect("acquire");
+                let keys = LeaseKeys {
+                    identifiers: ids,
+                    quotas: &quotas,
+                };
+                let decision = store.acquire(&rule.hit(ids), lease).await.expect("acquire");
                 assert!(decision.allowed(), "one slot per caller is free");
                 let released = store.release(&keys, lease).await.expect("release");
                 assert_eq!(released, Released::Released);
@@ -156,11 +156,19 @@ fn main() {
     // A rate no caller reaches, and a lease set with a slot for every caller.
     let rate = Rate::new(1_000_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
     let check_quota = Quota::gcra(rate, None).unwrap();
-    let check_keys = Arc::new(vec![[Identifier::grouped(
-        "bench:check:k:",
-        "one",
-        ":1e9/s",
-    )]]);
+    let spread: usize = std::env::var("SLUICE_BENCH_KEYS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let keys = |prefix: &str, suffix: &str| -> Arc<Vec<[Identifier; 1]>> {
+        Arc::new(
+            (0..spread)
+                .map(|n| [Identifier::grouped(prefix, &n.to_string(), suffix)])
+                .collect(),
+        )
+    };
+    let check_keys = keys("bench:check:k:", ":1e9/s");
     let lease = Span::new(60, Unit::Second).unwrap();
     // A slot for every caller (`SLUICE_BENCH_SLOTS=N` for more).
     let slots = std::env::var("SLUICE_BENCH_SLOTS")
@@ -170,17 +178,13 @@ fn main() {
         .max(CALLERS as u64);
     let leaf = Leaf::concurrent(slots, Some(lease)).unwrap();
     let lease_quota = Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap();
-    let lease_key = Identifier::grouped("bench:leases:job:", "one", ":concurrent");
-    println!("acquire + release on a leaf of {slots} slots");
+    let lease_keys = keys("bench:leases:job:", ":concurrent");
+    println!("acquire + release on a leaf of {slots} slots, {spread} key(s)");
 
     let mut window = Leaf::new(rate);
     window.options.algorithm = Some(Algorithm::SlidingWindow);
     let full_quota = Quota::from_leaf(&window, Algorithm::Gcra).unwrap();
-    let full_keys = Arc::new(vec![[Identifier::grouped(
-        "bench:full:k:",
-        "one",
-        ":1e9/s",
-    )]]);
+    let full_keys = keys("bench:full:k:", ":1e9/s");
 
     let mut rounds = [Rounds::default(), Rounds::default(), Rounds::default()];
     // Redis commands per acquire + release in the last round, the scripts' own included.
@@ -212,7 +216,7 @@ fn main() {
                 let rate = runtime.block_on(pairs_per_second(
                     &store,
                     lease_quota,
-                    lease_key.clone(),
+                    lease_keys.clone(),
                     CALLERS,
                     ROUND,
                 ));
@@ -246,7 +250,9 @@ fn main() {
         (full_rate, full_cpu),
         (pair_rate, pair_cpu),
     ] = rounds.map(|r| r.medians());
-    println!("medians of {ROUNDS} rounds, {CALLERS} callers, one key each, same redis-server:");
+    println!(
+        "medians of {ROUNDS} rounds, {CALLERS} callers, {spread} key(s) each, same redis-server:"
+    );
     println!(
         "  rate check (1 GCRA leaf, batched)    {check_rate:>8.0}/s  {check_cpu:>6.2} us Redis CPU each"
     );
