@@ -312,7 +312,8 @@ impl LeanGcra {
 }
 
 /// ARGV for [`GCRA_BATCH`] deciding hits of these arguments ([`LeanGcra::arguments`]) in
-/// order: the distinct sets, then each hit's set number.
+/// order: the distinct sets, then each hit's set number, left out when there is one set
+/// (Redis then parses and the script reads one argument a hit fewer).
 pub fn batch_arguments(hits: impl IntoIterator<Item = [u64; 5]>) -> Vec<u64> {
     let mut sets: Vec<[u64; 5]> = Vec::new();
     let mut numbers = Vec::new();
@@ -328,8 +329,11 @@ pub fn batch_arguments(hits: impl IntoIterator<Item = [u64; 5]>) -> Vec<u64> {
     }
     let mut args = Vec::with_capacity(1 + sets.len() * 5 + numbers.len());
     args.push(sets.len() as u64);
+    let one = sets.len() == 1;
     args.extend(sets.into_iter().flatten());
-    args.extend(numbers);
+    if !one {
+        args.extend(numbers);
+    }
     args
 }
 

@@ -14,8 +14,9 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, batch_arguments, micro};
 use sluice_testkit::RedisServer;
 
-/// The lean script's test entry: `now` from the last argument instead of Redis's clock.
-const TEST_ENTRY: &str = "local now = tonumber(ARGV[#ARGV])\n";
+/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
+/// taken off `ARGV` so the script sees the arguments the store sends.
+const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
 
 /// xorshift64*, so every run replays the same hits.
 fn next(state: &mut u64) -> u64 {

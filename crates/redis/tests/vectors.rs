@@ -28,8 +28,9 @@ use sluice_testkit::vectors::{
 const TEST_ENTRY: &str = "\nreturn run(tonumber(ARGV[#ARGV]))";
 
 /// The lean script's test entry: its production entry (redis_now.lua) sets `now` from
-/// Redis's clock; this one from the last argument.
-const LEAN_TEST_ENTRY: &str = "local now = tonumber(ARGV[#ARGV])\n";
+/// Redis's clock; this one from the last argument, which it takes off `ARGV` so the script
+/// sees the arguments the store sends.
+const LEAN_TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
 
 /// Which script a vector runs through.
 #[derive(Clone, Copy, PartialEq)]

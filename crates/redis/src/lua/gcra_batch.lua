@@ -13,8 +13,9 @@
 --
 -- KEYS: one per hit, the leaf's key, state "<tat>". ARGV: the number of parameter sets S,
 -- then S sets of five (cost, recording (0 admitted, 1 always, 2 never), interval, burst,
--- window in ticks), then one per hit, in KEYS' order: the number of its set (from 1). Hits
--- of one policy share a set, so a batch's arguments are mostly one small number per hit.
+-- window in ticks), then one per hit, in KEYS' order: the number of its set (from 1), left
+-- out when S is 1 (every hit has that set). Hits of one policy share a set, so a batch's
+-- arguments are mostly one small number per hit, or none.
 -- Reply: one integer per hit, its debt before the hit (max(tat, now) - now). The store turns
 -- it into the decision with the core's GCRA (the verdict depends on `now` and the TAT only
 -- through it), so the reply costs one integer, not a table of seven.
@@ -36,6 +37,9 @@ for s = 1, sets do
     tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]) }
 end
 local first = 1 + sets * 5
+-- The one set every hit has, when the hits do not name theirs.
+local only = nil
+if #ARGV == first then only = params['1'] end
 local debts = {}
 -- Every key read in one command (one call into Redis instead of one per hit); a key named
 -- again later in the batch reads what the hits before it recorded (`written`: each recorded
@@ -43,7 +47,7 @@ local debts = {}
 local read = redis.call('MGET', unpack(KEYS))
 local written, order = {}, {}
 for i = 1, #KEYS do
-  local p = params[ARGV[first + i]]
+  local p = only or params[ARGV[first + i]]
   local cost, recording, interval, burst, window = p[1], p[2], p[3], p[4], p[5]
   local key = KEYS[i]
   local tat = written[key]
