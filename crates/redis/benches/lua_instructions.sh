@@ -4,10 +4,15 @@
 # steps (see lua_drive.py) on a fresh redis-server, counts only the measured calls, and
 # prints instructions per step; an acquire + release pair is two lease steps. Issue 13's
 # target: a pair costs at most 2 rate checks.
-# Needs valgrind, redis-server and Python's redis package.
+# Installs what it needs where missing: valgrind and redis-server (Debian), redis-py (PyPI).
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+command -v valgrind >/dev/null || "$root/scripts/apt-install.sh" valgrind
+command -v redis-server >/dev/null || "$root/scripts/apt-install.sh" redis-server
+command -v redis-cli >/dev/null || "$root/scripts/apt-install.sh" redis-tools
+python3 -c 'import redis' 2>/dev/null || python3 -m pip install --quiet redis
 calls=${1:-2000}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
