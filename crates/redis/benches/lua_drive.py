@@ -3,7 +3,7 @@
 Usage: lua_drive.py PORT SCENARIO CALLS DIR. Loads the script as the store does (the
 redis_now.lua entry before the script's text), warms up, writes DIR/ready, waits for
 DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scenarios:
-  rate-1     16 GCRA hits per call on one key
+  rate-1     16 GCRA hits per call on one key (sent as the key once and a count)
   rate-many  16 GCRA hits per call, each on a random one of 1,000,000 keys
   lease-1    8 acquires of new lease ids and 8 releases of the last call's, one set
   lease-many the same, each acquire on a random one of 1,000,000 sets
@@ -39,6 +39,9 @@ if scenario.startswith("rate"):
     params = [1, 1, 0, 1, 1_000_000, 1_000_000]
 
     def call():
+        if not many:
+            # The hits of one key and one set go as the key once and their number.
+            return client.evalsha(sha, 1, "bench:rate", *params, 16)
         keys = [key(many, "bench:rate") for _ in range(16)]
         return client.evalsha(sha, 16, *keys, *params)
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::RedisError;
-use crate::script::{GCRA_BATCH, batch_arguments};
+use crate::script::{GCRA_BATCH, batch_call};
 use crate::store::{Inner, RedisStore};
 
 /// Most hits in one call: 64 keys and about as many small numbers, a few kilobytes, and a
@@ -209,8 +209,11 @@ async fn send_by_slot<P: Batched>(store: &RedisStore, mut batch: Vec<P>) {
 /// Sends `batch` as one script call and answers each hit: its debt, or the call's error
 /// (a call that failed decided nothing that anyone is told was admitted).
 async fn send(store: &RedisStore, batch: Vec<Pending>) {
-    let keys: Vec<&str> = batch.iter().map(|pending| pending.key.as_str()).collect();
-    let arguments = batch_arguments(batch.iter().map(|pending| pending.arguments));
+    let (keys, arguments) = batch_call(
+        batch
+            .iter()
+            .map(|pending| (pending.key.as_str(), pending.arguments)),
+    );
     let result: Result<Vec<i64>, RedisError> = store.eval(&GCRA_BATCH, &keys, &arguments).await;
     match result {
         Ok(debts) if debts.len() == batch.len() => {

@@ -337,6 +337,24 @@ pub fn batch_arguments(hits: impl IntoIterator<Item = [u64; 5]>) -> Vec<u64> {
     args
 }
 
+/// KEYS and ARGV for [`GCRA_BATCH`] deciding `hits` (each its key and
+/// [`LeanGcra::arguments`]) in order: one key per hit and [`batch_arguments`]; or, when the
+/// hits share one key and one parameter set (a limit every caller hits), the key once and
+/// the number of hits after the set, which spares Redis a quarter of its instructions per
+/// hit (`benches/lua_instructions.sh`).
+pub fn batch_call<'k>(
+    hits: impl IntoIterator<Item = (&'k str, [u64; 5])>,
+) -> (Vec<&'k str>, Vec<u64>) {
+    let (keys, sets): (Vec<&str>, Vec<[u64; 5]>) = hits.into_iter().unzip();
+    let count = keys.len();
+    let mut arguments = batch_arguments(sets);
+    if count > 1 && arguments[0] == 1 && keys.iter().all(|key| *key == keys[0]) {
+        arguments.push(count as u64);
+        return (vec![keys[0]], arguments);
+    }
+    (keys, arguments)
+}
+
 /// ARGV for [`GCRA_BATCH`] deciding `hit` alone, as text; `None` when `hit` does not have
 /// the lean shape (see [`LeanGcra`]).
 pub fn gcra_one_arguments(hit: &Hit<'_>) -> Result<Option<Vec<String>>, RedisError> {

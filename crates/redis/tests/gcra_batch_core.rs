@@ -11,7 +11,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, batch_arguments, micro};
+use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, batch_call, micro};
 use sluice_testkit::RedisServer;
 
 /// The lean script's test entry: `now` from the last argument instead of Redis's clock,
@@ -69,27 +69,34 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     // The core's TAT of each key (absent: a full bucket).
     let mut core: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut rng, mut now, mut hits, mut denied, mut repeats) = (0x5eed_u64, 1_000_000, 0, 0, 0);
+    // Batches sent as one key with a count of hits (see `batch_call`).
+    let mut one_key_calls = 0u64;
 
     for batch in 0..400 {
         // Time moves by up to 0.4 s between batches: buckets refill partly, rarely whole.
         now += next(&mut rng) % 400_000;
         let size = 1 + (next(&mut rng) % 12) as usize;
         let mut sent = Vec::new();
+        // One batch in four is a hot key's: every hit the same key, cost and recording.
+        let hot = batch % 4 == 0;
         for _ in 0..size {
             let key = (next(&mut rng) % keys.len() as u64) as usize;
             let q = quotas[key];
             let cost = [1, 1, 1, 2, 0][(next(&mut rng) % 5) as usize];
             let recording = recordings[[0, 0, 0, 0, 1, 2][(next(&mut rng) % 6) as usize]];
-            sent.push((keys[key], q, cost, recording));
+            match sent.first() {
+                Some(&first) if hot => sent.push(first),
+                _ => sent.push((keys[key], q, cost, recording)),
+            }
         }
-        let lean: Vec<[u64; 5]> = sent
-            .iter()
-            .map(|&(_, q, cost, recording)| lean_arguments(q, cost, recording))
-            .collect();
-        let mut args: Vec<u64> = batch_arguments(lean);
+        let (call_keys, mut args) = batch_call(
+            sent.iter()
+                .map(|&(key, q, cost, recording)| (key, lean_arguments(q, cost, recording))),
+        );
+        one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
         args.push(now);
         let mut invocation = script.prepare_invoke();
-        for (key, ..) in &sent {
+        for key in &call_keys {
             invocation.key(*key);
         }
         for arg in &args {
@@ -153,4 +160,8 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     }
     assert!(denied * 10 > hits, "only {denied} of {hits} hits denied");
     assert!(repeats > 200, "only {repeats} repeated writes in a batch");
+    assert!(
+        one_key_calls > 50,
+        "only {one_key_calls} batches sent as one key"
+    );
 }

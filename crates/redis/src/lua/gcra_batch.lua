@@ -15,7 +15,9 @@
 -- then S sets of five (cost, recording (0 admitted, 1 always, 2 never), interval, burst,
 -- window in ticks), then one per hit, in KEYS' order: the number of its set (from 1), left
 -- out when S is 1 (every hit has that set). Hits of one policy share a set, so a batch's
--- arguments are mostly one small number per hit, or none.
+-- arguments are mostly one small number per hit, or none. When S is 1 and every hit names
+-- one key (a limit every caller hits), KEYS holds that key once and ARGV ends with the
+-- number of hits.
 -- Reply: one integer per hit, its debt before the hit (max(tat, now) - now). The store turns
 -- it into the decision with the core's GCRA (the verdict depends on `now` and the TAT only
 -- through it), so the reply costs one integer, not a table of seven.
@@ -37,21 +39,27 @@ for s = 1, sets do
     tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]) }
 end
 local first = 1 + sets * 5
--- The one set every hit has, when the hits do not name theirs.
-local only = nil
-if #ARGV == first then only = params['1'] end
+-- The one set every hit has, when the hits do not name theirs; the one key every hit
+-- names, when KEYS holds it once (and the hits' number follows the set).
+local only, one, hits = nil, nil, #KEYS
+if sets == 1 then
+  only = params['1']
+  if #ARGV > first then one, hits = KEYS[1], tonumber(ARGV[first + 1]) end
+end
 local debts = {}
 -- Every key read in one command (one call into Redis instead of one per hit); a key named
 -- again later in the batch reads what the hits before it recorded (`written`: each recorded
 -- key's latest TAT; `order`: those keys, each once).
 local read = redis.call('MGET', unpack(KEYS))
 local written, order = {}, {}
-for i = 1, #KEYS do
+for i = 1, hits do
   local p = only or params[ARGV[first + i]]
   local cost, recording, interval, burst, window = p[1], p[2], p[3], p[4], p[5]
-  local key = KEYS[i]
+  local key = one or KEYS[i]
   local tat = written[key]
-  if tat == nil then tat = tonumber(read[i]) or 0 end
+  if tat == nil then
+    if one then tat = tonumber(read[1]) or 0 else tat = tonumber(read[i]) or 0 end
+  end
   local tau = burst * interval
   local inc = cost * interval
   -- gcra.verdict
