@@ -43,25 +43,23 @@ local out, n = {}, 0
 -- Every write below keeps these true.
 local known = {}
 
--- The time strings of `now + lease`, by lease time.
-local stamps = {}
-
--- The milliseconds from now until `at` (at least 1), as the decimal string PEXPIRE reads,
--- made once per `at` in a call (most keys of a call expire alike): Lua would pass a number
--- through libc's "%.14g" floating-point formatting, a few percent of a step (callgrind).
-local millis_of = {}
-local function millis(at)
-  local s = millis_of[at]
+-- Integers as the decimal strings Redis reads (expiries, and the milliseconds PEXPIRE
+-- takes), each made once per value in a call, as most leases of a call share `now + lease`:
+-- Lua would pass a number through libc's "%.14g" floating-point formatting, a few percent
+-- of a step (callgrind).
+local strings = {}
+local function decimal(x)
+  local s = strings[x]
   if not s then
-    s = format('%d', max(floor((at - now + 999) / 1000), 1))
-    millis_of[at] = s
+    s = format('%d', x)
+    strings[x] = s
   end
   return s
 end
 
 -- The key lives as long as its latest lease (`expires_at`).
 local function expire(key, expires_at)
-  redis.call('PEXPIRE', key, millis(expires_at))
+  redis.call('PEXPIRE', key, decimal(max(floor((expires_at - now + 999) / 1000), 1)))
 end
 
 -- Leases::expires_at: when every lease kept has expired (0 when none is kept).
@@ -109,7 +107,7 @@ end
 -- The set's latest expiry now.
 local function renew_held(key, k, lease, id, score, latest)
   local at = max(now + lease, score)
-  if at > score then redis.call('ZADD', key, format('%d', at), id) end
+  if at > score then redis.call('ZADD', key, decimal(at), id) end
   wrote(k, id, at, score)
   if at > latest then
     expire(key, at)
@@ -174,12 +172,7 @@ local function acquire(key, limit, lease, id)
   local score
   if held < limit then
     local at = now + lease
-    local at_s = stamps[lease]
-    if not at_s then
-      at_s = format('%d', at)
-      stamps[lease] = at_s
-    end
-    if redis.call('ZADD', key, 'NX', at_s, id) == 1 then
+    if redis.call('ZADD', key, 'NX', decimal(at), id) == 1 then
       -- concurrency::hold.
       k.size = held + 1
       wrote(k, id, at, nil)
@@ -233,7 +226,7 @@ local function renew(key, lease, id)
   if not score or tonumber(score) <= now then return -1 end
   score = tonumber(score)
   local at = max(now + lease, score)
-  redis.call('ZADD', key, format('%d', at), id)
+  redis.call('ZADD', key, decimal(at), id)
   local k = known[key]
   if k then wrote(k, id, at, score) end
   expire(key, expires_at(key, k))
