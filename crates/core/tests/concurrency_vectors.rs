@@ -200,3 +200,52 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// `acquire` decides in one pass what its definition says in several: drop the expired
+    /// leases; renew a lease already held (answering as an acquire of 0 slots); otherwise
+    /// the verdict on one more slot, and the lease held when it admits. Every verdict and
+    /// every resulting set equal the definition's, step by step.
+    #[test]
+    fn acquire_is_its_definition(
+        limit in 1..6u64,
+        ops in prop::collection::vec((0..3u8, 1..10u64, 0..20_000_000u64), 1..80),
+    ) {
+        let quota = quota(limit, 10);
+        let (mut fast, mut defined) = (Leases::default(), Leases::default());
+        let mut now = EPOCH_US;
+        for (op, id, dt) in ops {
+            now += dt;
+            match op {
+                0 => {
+                    let got = concurrency::acquire(&quota, &mut fast, now, id);
+                    defined.drop_expired(now);
+                    let want = if defined.expiry(id, now).is_some() {
+                        concurrency::renew(&quota, &mut defined, now, id);
+                        concurrency::verdict(&quota, &defined, now, 0)
+                    } else {
+                        let v = concurrency::verdict(&quota, &defined, now, 1);
+                        if v.allowed {
+                            concurrency::hold(&quota, &mut defined, now, id);
+                        }
+                        v
+                    };
+                    prop_assert_eq!(got, want);
+                }
+                1 => {
+                    prop_assert_eq!(
+                        concurrency::release(&mut fast, now, id),
+                        concurrency::release(&mut defined, now, id)
+                    );
+                }
+                _ => {
+                    prop_assert_eq!(
+                        concurrency::renew(&quota, &mut fast, now, id),
+                        concurrency::renew(&quota, &mut defined, now, id)
+                    );
+                }
+            }
+            prop_assert_eq!(&fast, &defined);
+        }
+    }
+}
