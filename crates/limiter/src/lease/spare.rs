@@ -41,15 +41,17 @@ impl LeaseParts {
                 .identifiers
                 .iter()
                 .any(|id| id.capacity() > MAX_SPARE_IDENTIFIER)
+            || self.selectors.capacity() > MAX_SPARE_IDENTIFIER
         {
             return;
         }
         let mut parts = LeaseParts {
             identifiers: std::mem::take(&mut self.identifiers),
             quotas: std::mem::take(&mut self.quotas),
-            selectors: TokenSelectors::default(),
+            selectors: std::mem::take(&mut self.selectors),
         };
         parts.quotas.clear();
+        parts.selectors.clear();
         // During thread teardown there is nowhere to keep them: they are freed.
         let _ = SPARE_PARTS.try_with(|spare| {
             let mut list = spare.take();

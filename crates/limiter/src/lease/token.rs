@@ -31,9 +31,11 @@ pub enum TokenError {
 
 /// The selector values a token carries: `(name, value)` pairs sorted by name, each string
 /// preceded by its length in LEB128 (written in base64url without padding in the token).
-/// Kept raw, and inline when short: an acquire pays for a token only when asked for one.
+/// Kept raw: an acquire pays for a token only when asked for one. A dropped lease's bytes
+/// are kept for the next acquire on its thread (see `spare.rs`), so writing them allocates
+/// nothing once warm.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct TokenSelectors(smallvec::SmallVec<[u8; 32]>);
+pub(crate) struct TokenSelectors(Vec<u8>);
 
 impl TokenSelectors {
     /// The values of `names` (sorted, each once) in `selectors`; a name `selectors` lacks is
@@ -42,17 +44,45 @@ impl TokenSelectors {
         names: impl IntoIterator<Item = &'a str>,
         selectors: &crate::Selectors<'_>,
     ) -> TokenSelectors {
-        let mut raw = smallvec::SmallVec::new();
+        let mut raw = TokenSelectors::default();
+        raw.write(names, selectors);
+        raw
+    }
+
+    /// [`TokenSelectors::new`] in the room these bytes already have.
+    pub(crate) fn write<'a>(
+        &mut self,
+        names: impl IntoIterator<Item = &'a str>,
+        selectors: &crate::Selectors<'_>,
+    ) {
+        self.0.clear();
         for name in names {
             if let Some((_, value)) = selectors.iter().find(|(n, _)| *n == name) {
-                for text in [name, value] {
-                    push_length(&mut raw, text.len());
-                    raw.extend_from_slice(text.as_bytes());
-                }
+                push_text(&mut self.0, name);
+                push_text(&mut self.0, value);
             }
         }
-        TokenSelectors(raw)
     }
+
+    /// Empties these bytes, keeping their room.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
+/// Appends `text`'s length in LEB128, then `text`.
+fn push_text(out: &mut Vec<u8>, text: &str) {
+    let mut n = text.len();
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+    out.extend_from_slice(text.as_bytes());
 }
 
 /// A lease token taken apart: the id and the selector pairs.
@@ -150,14 +180,6 @@ fn parse_selectors(text: &str) -> Result<Vec<(String, String)>, &'static str> {
         pairs.push((name, value));
     }
     Ok(pairs)
-}
-
-fn push_length(out: &mut smallvec::SmallVec<[u8; 32]>, mut n: usize) {
-    while n >= 0x80 {
-        out.push((n as u8 & 0x7f) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
 }
 
 fn take_length(rest: &mut &[u8]) -> Option<usize> {

@@ -78,7 +78,7 @@ impl Limiter {
                 held += 1;
             }
             parts.identifiers.truncate(held);
-            parts.selectors = TokenSelectors::new(lease_names(&policy), selectors);
+            parts.selectors.write(lease_names(&policy), selectors);
             Lease::new(id, self.store.clone(), parts)
         });
         Ok(Acquired {
