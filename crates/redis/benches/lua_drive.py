@@ -7,6 +7,9 @@ DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scenarios:
   rate-many  16 GCRA hits per call, each on a random one of 1,000,000 keys
   lease-1    8 acquires of new lease ids and 8 releases of the last call's, one set
   lease-many the same, each acquire on a random one of 1,000,000 sets
+  cell-1     16 redis-cell CL.THROTTLE commands per call, pipelined, on one key (the
+             server must have loaded redis-cell)
+  cell-many  the same, each on a random one of 1,000,000 keys
 """
 
 import os
@@ -30,7 +33,17 @@ def key(many, prefix):
     return f"{prefix}:{random.randrange(1_000_000)}" if many else prefix
 
 
-if scenario.startswith("rate"):
+if scenario.startswith("cell"):
+    many = scenario == "cell-many"
+    # A burst and rate so large that every command is admitted and written, as in `rate`.
+    pipe = client.pipeline(transaction=False)
+
+    def call():
+        for _ in range(16):
+            pipe.execute_command("CL.THROTTLE", key(many, "bench:cell"), 1_000_000, 1_000_000, 1)
+        return pipe.execute()
+
+elif scenario.startswith("rate"):
     sha = load("gcra_batch.lua")
     many = scenario == "rate-many"
     # One parameter set (so no per-hit set numbers, as the store sends it): cost 1, recorded

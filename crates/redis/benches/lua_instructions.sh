@@ -5,6 +5,9 @@
 # prints instructions per step; an acquire + release pair is two lease steps. Issue 13's
 # target: a pair costs at most 2 rate checks.
 # Installs what it needs where missing: valgrind and redis-server (Debian), redis-py (PyPI).
+# With SLUICE_BENCH_REDIS_CELL=/path/to/libredis_cell.so (redis-cell, built outside the
+# repository), the same counts for its native CL.THROTTLE, 16 commands pipelined per call:
+# the Redis CPU issue 12 compares the store with, in instructions.
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,11 +22,12 @@ trap 'rm -rf "$work"' EXIT
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 measure() {
-  local scenario=$1 port pid driver total
+  local scenario=$1 port pid driver total module=()
   port=$(free_port)
+  [[ $scenario == cell-* ]] && module=(--loadmodule "$SLUICE_BENCH_REDIS_CELL")
   rm -f "$work"/ready "$work"/go "$work"/done
   valgrind --tool=callgrind --callgrind-out-file="$work/out.$scenario" \
-    redis-server --port "$port" --save "" --appendonly no >"$work/log.$scenario" 2>&1 &
+    redis-server --port "$port" --save "" --appendonly no "${module[@]}" >"$work/log.$scenario" 2>&1 &
   pid=$!
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
   python3 "$here/lua_drive.py" "$port" "$scenario" "$calls" "$work" &
@@ -49,7 +53,17 @@ for scenario in rate-1 lease-1 rate-many lease-many; do
   per[$scenario]=$(measure "$scenario")
   printf '%-12s %s\n' "$scenario" "${per[$scenario]}"
 done
+if [[ -n ${SLUICE_BENCH_REDIS_CELL:-} ]]; then
+  for scenario in cell-1 cell-many; do
+    per[$scenario]=$(measure "$scenario")
+    printf '%-12s %s\n' "$scenario" "${per[$scenario]}"
+  done
+fi
 for keys in 1 many; do
   python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
     "${per[rate-$keys]}" "${per[lease-$keys]}"
+  if [[ -n ${per[cell-$keys]:-} ]]; then
+    python3 -c "import sys; r, c = int(sys.argv[1]), int(sys.argv[2]); print(f'a rate check on $keys key(s) costs {r / c:.2f} CL.THROTTLE')" \
+      "${per[rate-$keys]}" "${per[cell-$keys]}"
+  fi
 done
