@@ -170,13 +170,18 @@ fn the_vectors_cover_every_outcome() {
     assert!(has(&|s| s["op"] == "renew" && s["expires_at"].is_null()));
 }
 
+/// Random steps: (0 acquire, 1 release, 2 renew; lease id; microseconds since the last step).
+fn steps() -> impl Strategy<Value = Vec<(u8, u64, u64)>> {
+    prop::collection::vec((0..3u8, 1..10u64, 0..20_000_000u64), 1..80)
+}
+
 proptest! {
     /// Whatever the operations, never more than `limit` unexpired leases are held, and an
     /// admitted acquire's lease is held right after it.
     #[test]
     fn never_more_than_the_limit(
         limit in 1..6u64,
-        ops in prop::collection::vec((0..3u8, 1..10u64, 0..20_000_000u64), 1..80),
+        ops in steps(),
     ) {
         let quota = quota(limit, 10);
         let mut leases = Leases::default();
@@ -199,9 +204,7 @@ proptest! {
             prop_assert!(leases.held(now) <= limit);
         }
     }
-}
 
-proptest! {
     /// `acquire` decides in one pass what its definition says in several: drop the expired
     /// leases; renew a lease already held (answering as an acquire of 0 slots); otherwise
     /// the verdict on one more slot, and the lease held when it admits. Every verdict and
@@ -209,7 +212,7 @@ proptest! {
     #[test]
     fn acquire_is_its_definition(
         limit in 1..6u64,
-        ops in prop::collection::vec((0..3u8, 1..10u64, 0..20_000_000u64), 1..80),
+        ops in steps(),
     ) {
         let quota = quota(limit, 10);
         let (mut fast, mut defined) = (Leases::default(), Leases::default());
