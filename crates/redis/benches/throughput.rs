@@ -3,8 +3,9 @@
 //! the same server, in one run: single-leaf GCRA, 50 concurrent callers, on 1 key and on
 //! 1,000,000 keys, redis-benchmark at pipeline depth 1 and 16.
 //! One caller deciding alone (a task on the runtime's one worker) gives the latency figures
-//! (p50 and p99 of each decision), and the server's script call count how many decisions
-//! the store batched per call.
+//! (p50 and p99 of each decision), the server's script call count how many decisions the
+//! store batched per call, and this process's own CPU time (user + system) what a decision
+//! costs the client: with Redis's, whether either side is saturated.
 //! Run: `cargo bench -p sluice-redis --bench throughput`.
 //!
 //! With `SLUICE_BENCH_REDIS_CELL=/path/to/libredis_cell.so` (redis-cell built outside the
@@ -256,8 +257,10 @@ fn main() {
             .map(|_| Rounds::default())
             .collect();
         let mut requests = vec![50_000usize; script_rounds.len()];
+        let mut client_us = Vec::new();
         for _ in 0..ROUNDS {
             let cpu = cpu_seconds(pid);
+            let own = sluice_testkit::bench::cpu_seconds(None, false).expect("/proc/self/stat");
             let calls = redis.script_calls();
             let started = Instant::now();
             let rate = runtime.block_on(decisions_per_second(
@@ -269,6 +272,9 @@ fn main() {
             ));
             let seconds = started.elapsed().as_secs_f64();
             store_rounds.push(rate * seconds, seconds, cpu_seconds(pid) - cpu);
+            let own =
+                sluice_testkit::bench::cpu_seconds(None, false).expect("/proc/self/stat") - own;
+            client_us.push(own * 1e6 / (rate * seconds));
             batch_sizes.push(rate * seconds / (redis.script_calls() - calls) as f64);
             // The caller runs on the runtime's worker, as a request handler would: on this
             // thread every answer would wake it across threads, which is the machine's cost.
@@ -296,8 +302,9 @@ fn main() {
         }
         store_rounds.print(&format!("{name}_store_callers_{CALLERS}"));
         println!(
-            "scenario={name}_store_callers_{CALLERS} decisions_per_script_call={:.1}",
-            median(batch_sizes)
+            "scenario={name}_store_callers_{CALLERS} decisions_per_script_call={:.1} client_cpu_us_per_decision={:.2}",
+            median(batch_sizes),
+            median(client_us)
         );
         println!(
             "scenario={name}_store_one_caller p50_us={:.1} p99_us={:.1}",
