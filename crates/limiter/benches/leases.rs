@@ -14,8 +14,12 @@
 //! in nanoseconds per operation per thread. The semaphore cannot be shared across
 //! processes; the lease can, through a shared store.
 //!
-//! For a profile of one side: `SLUICE_BENCH_ONLY=store SLUICE_BENCH_OPS=20000 valgrind
-//! --tool=callgrind target/release/deps/leases-*` (the other sides print 0).
+//! For a profile of one side: `SLUICE_BENCH_ONLY=store SLUICE_BENCH_OPS=20000
+//! SLUICE_BENCH_THREADS=1 valgrind --tool=callgrind target/release/deps/leases-*` (the other
+//! sides print 0; one thread, as two contend and move the count from run to run). The
+//! instructions of one operation are the difference between two such runs of different
+//! `SLUICE_BENCH_OPS`, over the difference in operations (3 rounds; the semaphore side runs
+//! twice per round), which leaves out the setup.
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -104,7 +108,11 @@ fn main() {
     let id = Arc::new(Identifier::new("sluice:jobs:queue:mail:concurrent"));
     let semaphore = Arc::new(Semaphore::new(3));
 
-    for threads in [1, 2] {
+    // `SLUICE_BENCH_THREADS=1` (or 2) runs that count alone.
+    let only: Option<usize> = std::env::var("SLUICE_BENCH_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    for threads in [1, 2].into_iter().filter(|t| only.is_none_or(|o| o == *t)) {
         let mut rows: [(&str, Vec<f64>, Vec<f64>); 2] = [
             ("limiter_acquire_release", Vec::new(), Vec::new()),
             ("store_acquire_release", Vec::new(), Vec::new()),
