@@ -223,6 +223,12 @@ impl Identifiers {
     pub(crate) fn as_slice(&self) -> &[Identifier] {
         &self.strings[..self.used]
     }
+
+    /// Trades the written identifier `i` for `other`, whose room the next check reuses:
+    /// how a lease keeps its identifiers without copying them.
+    pub(crate) fn swap(&mut self, i: usize, other: &mut Identifier) {
+        std::mem::swap(&mut self.strings[..self.used][i], other);
+    }
 }
 
 impl Drop for Identifiers {
