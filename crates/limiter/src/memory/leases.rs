@@ -12,9 +12,9 @@
 //! taking their own locks, and both paths see one set.
 //!
 //! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread), acquire +
-//! release on the store: 1,158 instructions with the exclusive lock taken twice, 778 now,
-//! against 263 for `tokio::sync::Semaphore` (callgrind); in time, on a loaded 2-core
-//! machine, 132 ns to 103 ns (medians) against the semaphore's 24-29 ns, about 3x.
+//! release on the store: 1,158 instructions with the exclusive lock taken twice, 707 now,
+//! against 246 for `tokio::sync::Semaphore` (callgrind, see the README for the command); in
+//! time about 74 ns against the semaphore's 24 ns, about 3x.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
