@@ -144,7 +144,7 @@ pub fn acquire(quota: &Quota, leases: &mut Leases, now: u64, id: u64) -> Verdict
     leases.drop_expired(now);
     // Every lease left is unexpired: one pass finds `id` and the latest expiry, and the
     // count is the length, so the common acquire (a free slot) makes no other pass. The
-    // separate passes cost about 40 of the memory store's 776 instructions per acquire and
+    // separate passes cost 45 of the memory store's 752 instructions per acquire and
     // release (callgrind, `benches/leases.rs`); `tests/concurrency_vectors.rs` checks that
     // this is the definition below, step by step.
     let (mut last, mut renewing) = (0, false);
