@@ -32,7 +32,7 @@ python3 -c "import grpc, envoy.service.ratelimit.v3.rls_pb2, redis" 2>/dev/null 
 cargo test --workspace --locked "$@"
 # The tower layer without its default features (axum, the proof-of-work challenge), as a
 # service built on hyper alone would use it.
-cargo test -p sluice-tower --no-default-features --locked --tests "$@"
+cargo test -p sluice-tower --no-default-features --locked --tests
 
 # The Python package, built from this checkout into its own virtual environment (maturin
 # develop: the wheel is built and installed there), then its pytest suites. They use the
