@@ -1,8 +1,8 @@
 """Drives one of sluice's batched Lua scripts on a redis-server for lua_instructions.sh.
 
 Usage: lua_drive.py PORT SCENARIO CALLS DIR. Loads the script as the store does (the
-redis_now.lua entry before the script's text), warms up, writes DIR/ready, waits for
-DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scenarios:
+redis_now.lua entry and decimal.lua before the script's text), warms up, writes DIR/ready,
+waits for DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scenarios:
   rate-1     16 GCRA hits per call on one key (sent as the key once and a count)
   rate-many  16 GCRA hits per call, each on a random one of 1,000,000 keys
   lease-1    8 acquires of new lease ids and 8 releases of the last call's, one set
@@ -25,8 +25,11 @@ random.seed(1)
 
 
 def load(name):
-    with open(os.path.join(lua, "redis_now.lua")) as now, open(os.path.join(lua, name)) as body:
-        return client.script_load(now.read() + body.read())
+    text = ""
+    for part in ["redis_now.lua", "decimal.lua", name]:
+        with open(os.path.join(lua, part)) as f:
+            text += f.read()
+    return client.script_load(text)
 
 
 def key(many, prefix):

@@ -187,12 +187,16 @@ pub const LEASES_LUA: &str = LIBRARY_BODY;
 pub static GCRA_BATCH: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/redis_now.lua"),
+        include_str!("lua/decimal.lua"),
         include_str!("lua/gcra_batch.lua")
     ))
 });
 
 /// The lean script's body alone, for test entry points that define `now` themselves.
-pub const GCRA_BATCH_LUA: &str = include_str!("lua/gcra_batch.lua");
+pub const GCRA_BATCH_LUA: &str = concat!(
+    include_str!("lua/decimal.lua"),
+    include_str!("lua/gcra_batch.lua")
+);
 
 /// The lean script for the lease steps of rules of one concurrency leaf (acquire, release,
 /// renew), taking a batch of them in order, each as its single-step entry would: see
@@ -200,12 +204,16 @@ pub const GCRA_BATCH_LUA: &str = include_str!("lua/gcra_batch.lua");
 pub static LEASE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/redis_now.lua"),
+        include_str!("lua/decimal.lua"),
         include_str!("lua/lease_batch.lua")
     ))
 });
 
 /// The lean lease script's body alone, for test entry points that define `now` themselves.
-pub const LEASE_BATCH_LUA: &str = include_str!("lua/lease_batch.lua");
+pub const LEASE_BATCH_LUA: &str = concat!(
+    include_str!("lua/decimal.lua"),
+    include_str!("lua/lease_batch.lua")
+);
 
 pub use crate::lease_batch::{LeaseAnswer, LeaseStep, lease_batch_answers, lease_batch_arguments};
 

@@ -43,20 +43,6 @@ local out, n = {}, 0
 -- Every write below keeps these true.
 local known = {}
 
--- Integers as the decimal strings Redis reads (expiries, and the milliseconds PEXPIRE
--- takes), each made once per value in a call, as most leases of a call share `now + lease`:
--- Lua would pass a number through libc's "%.14g" floating-point formatting, a few percent
--- of a step (callgrind).
-local strings = {}
-local function decimal(x)
-  local s = strings[x]
-  if not s then
-    s = format('%d', x)
-    strings[x] = s
-  end
-  return s
-end
-
 -- The key lives as long as its latest lease (`expires_at`).
 local function expire(key, expires_at)
   redis.call('PEXPIRE', key, decimal(max(floor((expires_at - now + 999) / 1000), 1)))
