@@ -57,9 +57,7 @@ for i = 1, hits do
   local cost, recording, interval, burst, window = p[1], p[2], p[3], p[4], p[5]
   local key = one or KEYS[i]
   local tat = written[key]
-  if tat == nil then
-    if one then tat = tonumber(read[1]) or 0 else tat = tonumber(read[i]) or 0 end
-  end
+  if tat == nil then tat = tonumber(read[one and 1 or i]) or 0 end
   local tau = burst * interval
   local inc = cost * interval
   -- gcra.verdict
