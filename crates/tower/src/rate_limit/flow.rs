@@ -380,17 +380,18 @@ fn counted_outcome(
 fn decorate<B>(
     config: &Config,
     decision: Option<&Decision>,
-    response: Response<B>,
+    mut response: Response<B>,
 ) -> Response<ResponseBody<B>> {
-    let (mut head, body) = response.into_parts();
+    // Admitted answers carry the policy's fields only (`Retry-After` is for refusals).
     if let Some(decision) = decision
         && !config.shadow
+        && (config.headers.ietf || config.headers.x_ratelimit)
     {
         config
             .fields
-            .apply(&mut head.headers, decision, false, config.headers);
+            .apply(response.headers_mut(), decision, false, config.headers);
     }
-    Response::from_parts(head, ResponseBody::inner(body))
+    response.map(ResponseBody::inner)
 }
 
 async fn pass<S, ReqBody, ResBody>(
