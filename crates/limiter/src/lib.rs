@@ -61,7 +61,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use failure::{FailureMode, LimiterStats};
 pub use identifier::selector_value;
 pub use lease::{Acquired, Lease, LeaseId, Released, Reservation, Reserved};
-pub use limiter::{Checked, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, Selectors};
+pub use limiter::{
+    Checked, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, PolicyWatch, Selectors,
+};
 pub use memory::{MemoryStats, MemoryStore};
 pub use policy::{CompiledLeaf, CompiledPolicy, Policy, PolicyError};
 pub use run::{Permit, Refused};

@@ -1,12 +1,13 @@
 //! The Limiter over the memory store, on a manual clock: errors, decision numbers, peek, cost,
 //! reset, shadow, count_denied, penalties, keys, identifiers, near cache, replacing policies.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::Digest;
 use sluice_limiter::{
     Algorithm, Checked, Denial, Error, Limiter, ManualClock, MemoryStore, Penalty, Policy,
-    PolicyError, Selectors,
+    PolicyError, PolicyWatch, Selectors,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -406,6 +407,46 @@ async fn replace_policies_keeps_unchanged_counters_and_rejects_bad_sets() {
     // A changed leaf is a new counter.
     l.replace_policies(vec![policy("a", "user:3/m")]).unwrap();
     assert!(check(&l, "a", ALICE, 1).await.decision.allowed());
+}
+
+#[tokio::test]
+async fn a_policy_watch_follows_replacements_additions_and_removals() {
+    let (l, _) = limiter([policy("a", "user:2/m")]);
+    let watch = PolicyWatch::new("a");
+    let limit = |checked: Checked| checked.decision.limit;
+    assert_eq!(limit(l.check(&watch, ALICE, 1).await.unwrap()), 2);
+    // Found once, then reused: the same handle until the policies change.
+    let first = l.check(&watch, ALICE, 1).await.unwrap().policy;
+    assert!(Arc::ptr_eq(
+        &first,
+        &l.check(&watch, ALICE, 1).await.unwrap().policy
+    ));
+
+    l.replace_policies(vec![policy("a", "user:5/m")]).unwrap();
+    assert_eq!(limit(l.check(&watch, ALICE, 1).await.unwrap()), 5);
+    l.add_policy(policy("a", "user:7/m")).unwrap();
+    assert_eq!(
+        limit(l.try_check_now(&watch, ALICE, 1).unwrap().unwrap()),
+        7
+    );
+    l.replace_policies(vec![policy("b", "3/m")]).unwrap();
+    let gone = l.check(&watch, ALICE, 1).await;
+    assert_eq!(gone, Err(Error::UnknownPolicy("a".into())));
+    // Unknown stays unknown without a change, and comes back with one.
+    assert!(l.peek(&watch, ALICE, 1).await.is_err());
+    l.add_policy(policy("a", "user:9/m")).unwrap();
+    assert_eq!(limit(l.peek(&watch, ALICE, 1).await.unwrap()), 9);
+
+    // A watch used with another limiter finds that limiter's policy, whatever the
+    // generations (both limiters have seen the same number of changes here).
+    let (other, _) = limiter([policy("a", "user:4/m")]);
+    for _ in 0..4 {
+        other.add_policy(policy("x", "1/m")).unwrap();
+    }
+    assert_eq!(limit(other.check(&watch, ALICE, 1).await.unwrap()), 4);
+    assert_eq!(limit(l.check(&watch, ALICE, 1).await.unwrap()), 9);
+    assert_eq!(watch.name(), "a");
+    assert_eq!(watch.to_string(), "a");
 }
 
 #[tokio::test]

@@ -1,6 +1,9 @@
 //! How a call names its policy: by name, or by a handle taken once.
 
+use std::fmt;
 use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use crate::policy::CompiledPolicy;
 
@@ -11,11 +14,83 @@ use crate::policy::CompiledPolicy;
 /// reload.
 pub type PolicyRef = Arc<CompiledPolicy>;
 
-/// The policy a call is about: `"login"` (looked up when the call is made) or `&handle`.
+/// The policy a call is about: `"login"` (looked up when the call is made), `&handle`, or
+/// `&watch` (a name that follows reloads without a lookup per call).
 #[derive(Debug, Clone, Copy)]
 pub enum PolicyArg<'a> {
     Name(&'a str),
     Ref(&'a PolicyRef),
+    Watch(&'a PolicyWatch),
+}
+
+/// A policy named once, for code that decides under one name on every call (a middleware
+/// layer): it follows reloads as the name does, and looks the name up again only after the
+/// policies changed. Between reloads a call reads the handle it found last under a read lock,
+/// where a call by name hashes the name and searches the table.
+///
+/// One watch may serve several limiters (it looks up again when the limiter differs), but
+/// it is meant for one.
+pub struct PolicyWatch {
+    name: String,
+    seen: RwLock<Seen>,
+}
+
+/// What a watch found, and when: the limiter and its policies' generation.
+#[derive(Clone)]
+pub(crate) struct Seen {
+    pub limiter: u64,
+    pub generation: u64,
+    pub policy: Option<PolicyRef>,
+}
+
+impl PolicyWatch {
+    pub fn new(name: impl Into<String>) -> PolicyWatch {
+        PolicyWatch {
+            name: name.into(),
+            // Limiter ids start at 1: nothing matches before the first lookup.
+            seen: RwLock::new(Seen {
+                limiter: 0,
+                generation: 0,
+                policy: None,
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The handle found for `limiter` at `generation`, if that is what was seen last
+    /// (`Some(None)`: the name was unknown then).
+    pub(crate) fn seen(&self, limiter: u64, generation: u64) -> Option<Option<PolicyRef>> {
+        let seen = self.seen.read();
+        (seen.limiter == limiter && seen.generation == generation).then(|| seen.policy.clone())
+    }
+
+    pub(crate) fn remember(&self, seen: Seen) {
+        *self.seen.write() = seen;
+    }
+}
+
+impl Clone for PolicyWatch {
+    fn clone(&self) -> Self {
+        PolicyWatch {
+            name: self.name.clone(),
+            seen: RwLock::new(self.seen.read().clone()),
+        }
+    }
+}
+
+impl fmt::Debug for PolicyWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PolicyWatch").field(&self.name).finish()
+    }
+}
+
+impl fmt::Display for PolicyWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
 }
 
 impl<'a> From<&'a str> for PolicyArg<'a> {
@@ -33,5 +108,11 @@ impl<'a> From<&'a String> for PolicyArg<'a> {
 impl<'a> From<&'a PolicyRef> for PolicyArg<'a> {
     fn from(policy: &'a PolicyRef) -> Self {
         PolicyArg::Ref(policy)
+    }
+}
+
+impl<'a> From<&'a PolicyWatch> for PolicyArg<'a> {
+    fn from(watch: &'a PolicyWatch) -> Self {
+        PolicyArg::Watch(watch)
     }
 }

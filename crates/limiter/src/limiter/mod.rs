@@ -7,6 +7,7 @@ mod prefetch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -20,7 +21,7 @@ use crate::near_cache::NearCache;
 use crate::policy::{CompiledPolicy, Policy, PolicyError};
 use crate::store::{DynStore, Store, StoreError};
 
-pub use handle::{PolicyArg, PolicyRef};
+pub use handle::{PolicyArg, PolicyRef, PolicyWatch};
 
 /// The answer of [`Limiter::check`].
 #[derive(Clone)]
@@ -118,14 +119,20 @@ const FALLBACK_IDENTIFIERS: usize = 1 << 20;
 
 /// Named policies over a store.
 ///
-/// A policy is named by its name (`"login"`, looked up on each call) or by a [`PolicyRef`]
+/// A policy is named by its name (`"login"`, looked up on each call), by a [`PolicyRef`]
 /// from [`Limiter::policy`] (no lookup; it keeps deciding under the definition it was taken
-/// from, even after a reload replaced or removed that policy).
+/// from, even after a reload replaced or removed that policy), or by a [`PolicyWatch`] (the
+/// name's meaning, looked up again only after a reload).
 pub struct Limiter {
     store: DynStore,
     /// Read on every hit without a lock or a reference count bumped on a shared cache
     /// line (workers on other cores would fight over it); replaced whole.
     policies: ArcSwap<Policies>,
+    /// Bumped after each change of `policies`: a [`PolicyWatch`] looks its name up again
+    /// only when it has moved.
+    generation: AtomicU64,
+    /// This limiter among others, for watches (from 1).
+    id: u64,
     /// Serialises writers, so `add_policy`'s read-modify-write loses nothing.
     replacing: Mutex<()>,
     clock: Arc<dyn Clock>,
@@ -179,6 +186,8 @@ impl LimiterBuilder {
         Ok(Limiter {
             store: self.store,
             policies: ArcSwap::from_pointee(policies),
+            generation: AtomicU64::new(0),
+            id: NEXT_LIMITER_ID.fetch_add(1, Ordering::Relaxed),
             replacing: Mutex::new(()),
             clock: self.clock,
             near_cache: self.near_cache.map(|(n, ttl)| NearCache::new(n, ttl)),
@@ -188,6 +197,9 @@ impl LimiterBuilder {
         })
     }
 }
+
+/// Ids of limiters, for [`PolicyWatch`]: 0 is no limiter.
+static NEXT_LIMITER_ID: AtomicU64 = AtomicU64::new(1);
 
 fn compile_all(policies: Vec<Policy>) -> Result<Policies, PolicyError> {
     let mut out = Policies::default();
@@ -242,6 +254,7 @@ impl Limiter {
         let compiled = compile_all(policies)?;
         let _writer = self.replacing.lock();
         self.policies.store(Arc::new(compiled));
+        self.generation.fetch_add(1, Ordering::Release);
         if let Some(cache) = &self.near_cache {
             cache.clear();
         }
@@ -257,6 +270,7 @@ impl Limiter {
         let mut next = Policies::clone(&self.policies.load());
         next.insert(compiled.name().to_owned(), compiled.clone());
         self.policies.store(Arc::new(next));
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(compiled)
     }
 
@@ -346,6 +360,23 @@ impl Limiter {
                 .get(name)
                 .cloned()
                 .ok_or_else(|| Error::unknown_policy(name)),
+            PolicyArg::Watch(watch) => {
+                // Read before the table: a reload between the two is seen by the next call.
+                let generation = self.generation.load(Ordering::Acquire);
+                let policy = match watch.seen(self.id, generation) {
+                    Some(seen) => seen,
+                    None => {
+                        let found = self.policies.load().get(watch.name()).cloned();
+                        watch.remember(handle::Seen {
+                            limiter: self.id,
+                            generation,
+                            policy: found.clone(),
+                        });
+                        found
+                    }
+                };
+                policy.ok_or_else(|| Error::unknown_policy(watch.name()))
+            }
         }
     }
 }

@@ -98,7 +98,7 @@ fn denied<'a>(
     challenge_error: Option<&'a str>,
 ) -> Denied<'a> {
     Denied {
-        policy: &ctx.config.policy,
+        policy: ctx.config.policy.name(),
         reason,
         decision,
         client_ip: ctx.client_ip,

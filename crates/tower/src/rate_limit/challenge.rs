@@ -14,9 +14,9 @@ pub(super) async fn verify(
     challenge: &ChallengeConfig,
     answer: &str,
 ) -> Verification {
-    let digest = subject_digest(&ctx.config.policy, ctx.selectors);
+    let digest = subject_digest(ctx.config.policy.name(), ctx.selectors);
     let subject = Subject {
-        policy: &ctx.config.policy,
+        policy: ctx.config.policy.name(),
         digest: &digest,
         level: 0,
     };
@@ -45,10 +45,10 @@ pub(super) async fn offer(ctx: &Ctx<'_>, challenge: &ChallengeConfig) -> Option<
             return None;
         }
     };
-    let digest = subject_digest(&ctx.config.policy, ctx.selectors);
+    let digest = subject_digest(ctx.config.policy.name(), ctx.selectors);
     Stats::bump(&ctx.config.stats.challenges_offered);
     Some(challenge.challenge.offer(Subject {
-        policy: &ctx.config.policy,
+        policy: ctx.config.policy.name(),
         digest: &digest,
         level,
     }))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_limiter::{Checked, Error, Limiter, Selectors};
+use sluice_limiter::{Checked, Error, Limiter, PolicyWatch, Selectors};
 
 use crate::challenge::Challenge;
 use crate::denied::Hooks;
@@ -20,7 +20,7 @@ use super::refusal::Refusal;
 /// `check`, or `peek` when `peek`, without a future when the store can answer at once.
 pub(crate) fn try_now(
     limiter: &Limiter,
-    policy: &str,
+    policy: &PolicyWatch,
     selectors: &Selectors<'_>,
     cost: u64,
     peek: bool,
@@ -132,7 +132,8 @@ pub(crate) enum Hold {
 
 pub(crate) struct Config {
     pub limiter: Arc<Limiter>,
-    pub policy: String,
+    /// The policy, by name: follows the limiter's reloads.
+    pub policy: PolicyWatch,
     pub fields: PolicyFields,
     /// This policy's refusals, pre-rendered.
     pub refusal: Refusal,

@@ -185,7 +185,7 @@ fn shadow_denied(ctx: &Ctx<'_>, decision: &Decision) {
     Stats::bump(&ctx.config.stats.shadow_denied);
     if let Some(audit) = &ctx.config.hooks.audit {
         audit(&Denied {
-            policy: &ctx.config.policy,
+            policy: ctx.config.policy.name(),
             reason: Reason::of(decision).unwrap_or(Reason::Limited),
             decision: Some(decision),
             client_ip: ctx.client_ip,

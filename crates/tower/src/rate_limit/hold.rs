@@ -30,13 +30,13 @@ pub(super) async fn before_holding(ctx: &Ctx<'_>) -> (Before, Option<Held>) {
     let result = match &config.hold {
         Hold::Check => return (before(ctx).await, None),
         Hold::Lease => limiter
-            .acquire(config.policy.as_str(), ctx.selectors)
+            .acquire(&config.policy, ctx.selectors)
             .await
             .map(|acquired| (acquired.checked, acquired.lease.map(Held::Lease))),
         Hold::Reserve(reserve) => {
             let estimate = reserve.estimate(ctx.parts);
             limiter
-                .reserve(config.policy.as_str(), ctx.selectors, estimate)
+                .reserve(&config.policy, ctx.selectors, estimate)
                 .await
                 .map(|reserved| {
                     let held = reserved.reservation.map(Held::Reservation);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Response};
 use ipnet::IpNet;
-use sluice_limiter::{CompiledPolicy, Limiter};
+use sluice_limiter::{CompiledPolicy, Limiter, PolicyWatch};
 use tower_layer::Layer;
 
 use super::config::{ChallengeConfig, Config, Hold, LayerStats, Stats, WhenMissing};
@@ -284,7 +284,7 @@ impl RateLimitLayerBuilder {
             hold,
             needs_client_ip,
             limiter: self.limiter,
-            policy: self.policy,
+            policy: PolicyWatch::new(self.policy),
             keys: self.keys,
             client_ip: self.client_ip,
             client_ip_extension: self.client_ip_extension,
