@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use sluice_core::Decision;
@@ -42,7 +43,9 @@ pin_project! {
         Start {
             config: Option<Arc<Config>>,
             inner: Option<S>,
-            request: Option<Request<ReqBody>>,
+            // Apart, so the decision reads the head where it lies.
+            head: Option<Parts>,
+            body: Option<ReqBody>,
         },
         /// Admitted (or passed by a filter): the inner service is answering.
         Inner {
@@ -61,11 +64,13 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
     pub(crate) fn new(config: Arc<Config>, inner: S, request: Request<ReqBody>) -> Self {
+        let (head, body) = request.into_parts();
         ResponseFuture {
             state: State::Start {
                 config: Some(config),
                 inner: Some(inner),
-                request: Some(request),
+                head: Some(head),
+                body: Some(body),
             },
         }
     }
@@ -90,31 +95,35 @@ where
                 StateProj::Start {
                     config,
                     inner,
-                    request,
+                    head,
+                    body,
                 } => {
                     // Moved, not cloned: a clone is a write to the count every thread shares.
                     let config = config.take().expect("started once");
+                    let (slow, admitted) =
+                        match flow::prepare(&config, head.as_mut().expect("started once")) {
+                            Step::Answer(response) => {
+                                state.set(State::Done);
+                                return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                            }
+                            Step::Slow => (true, None),
+                            Step::Pass => (false, None),
+                            Step::Admit { decision, kept } => (false, Some((decision, kept))),
+                        };
                     let mut inner = inner.take().expect("started once");
-                    let request = request.take().expect("started once");
-                    match flow::prepare(&config, request) {
-                        Step::Answer(response) => {
-                            state.set(State::Done);
-                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
-                        }
-                        Step::Slow(request) => {
-                            let future = Box::pin(flow::slow(config, inner, request));
-                            state.set(State::Boxed { future });
-                        }
-                        Step::Pass(request) => state.set(State::Inner {
+                    let request = Request::from_parts(
+                        head.take().expect("started once"),
+                        body.take().expect("started once"),
+                    );
+                    if slow {
+                        let future = Box::pin(flow::slow(config, inner, request));
+                        state.set(State::Boxed { future });
+                    } else {
+                        state.set(State::Inner {
                             future: inner.call(request),
                             config,
-                            admitted: None,
-                        }),
-                        Step::Admit(admitted) => state.set(State::Inner {
-                            future: inner.call(admitted.request),
-                            config,
-                            admitted: Some((admitted.decision, admitted.kept)),
-                        }),
+                            admitted,
+                        });
                     }
                 }
                 StateProj::Inner {
