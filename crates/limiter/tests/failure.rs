@@ -17,6 +17,8 @@ use sluice_limiter::{
 struct Switchable {
     inner: MemoryStore,
     down: Arc<AtomicBool>,
+    /// Answers `try_decide_now` as an in-process store does (otherwise as a remote one).
+    answers_now: bool,
 }
 
 impl Store for Switchable {
@@ -27,17 +29,35 @@ impl Store for Switchable {
         self.inner.decide(hit).await
     }
 
+    fn try_decide_now(&self, hit: &Hit<'_>) -> Option<Result<Decision, StoreError>> {
+        if !self.answers_now {
+            return None;
+        }
+        if self.down.load(Ordering::SeqCst) {
+            return Some(Err(StoreError::Timeout(Duration::from_millis(250))));
+        }
+        self.inner.try_decide_now(hit)
+    }
+
     async fn reset(&self, identifiers: &[Identifier]) -> Result<(), StoreError> {
         self.inner.reset(identifiers).await
     }
 }
 
 fn limiter(mode: FailureMode) -> (Limiter, Arc<AtomicBool>, ManualClock) {
+    limiter_answering(mode, false)
+}
+
+fn limiter_answering(
+    mode: FailureMode,
+    answers_now: bool,
+) -> (Limiter, Arc<AtomicBool>, ManualClock) {
     let clock = ManualClock::new(1_000_000_000_000);
     let down = Arc::new(AtomicBool::new(false));
     let store = Switchable {
         inner: MemoryStore::builder().clock(clock.clone()).build(),
         down: down.clone(),
+        answers_now,
     };
     let limiter = Limiter::builder(store)
         .clock(clock.clone())
@@ -117,6 +137,30 @@ async fn decisions_return_to_the_store_by_themselves() {
     // ...and right after it, it is, with its counts intact (1 before the outage + this one).
     clock.advance(STORE_PAUSE);
     let checked = hit(&limiter).await;
+    assert!(checked.without_store.is_none());
+    assert_eq!(checked.decision.remaining, 8);
+}
+
+#[tokio::test]
+async fn a_check_without_waiting_fails_over_and_returns_as_one_that_waits() {
+    let (limiter, down, clock) = limiter_answering(FailureMode::Open, true);
+    let now = |limiter: &Limiter| {
+        let answered = limiter.try_check_now("p", &[("user", "u")], 1);
+        answered.expect("the store answers at once").unwrap()
+    };
+    assert!(now(&limiter).without_store.is_none());
+    down.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        let checked = now(&limiter);
+        assert!(checked.decision.allowed());
+        assert_eq!(checked.without_store, Some(FailureMode::Open));
+    }
+    let stats = limiter.stats();
+    assert_eq!((stats.failed_open, stats.store_errors), (3, 1));
+    down.store(false, Ordering::SeqCst);
+    assert!(now(&limiter).without_store.is_some(), "paused");
+    clock.advance(STORE_PAUSE);
+    let checked = now(&limiter);
     assert!(checked.without_store.is_none());
     assert_eq!(checked.decision.remaining, 8);
 }

@@ -89,6 +89,17 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Option<Result<Checked, Error>> {
+        if self.is_lean(&policy) {
+            // `None` when this thread is already inside a check (a store calling a limiter):
+            // the general path then, with buffers of its own.
+            let lean = LEAN.try_with(|id| {
+                let mut id = id.try_borrow_mut().ok()?;
+                Some(self.decide_lean_now(&policy, &mut id, selectors, cost, recording))
+            });
+            if let Ok(Some(decided)) = lean {
+                return decided.map(|answer| answer.map(|answer| answer.into_checked(policy)));
+            }
+        }
         let ask = match self.prepare(&policy, selectors, cost, recording) {
             Ok(Prepared::Answered(decision)) => return Some(Ok(finish(policy, decision, true))),
             Ok(Prepared::Ask(ask)) => ask,
@@ -103,6 +114,51 @@ impl Limiter {
         let concluded = self.conclude(&policy, &ask, &hit, result);
         drop(ask);
         Some(concluded.map(|answer| answer.into_checked(policy)))
+    }
+
+    /// The usual check, taken without [`Ask`]'s bookkeeping: one leaf, no penalty, no near
+    /// cache, a store that has not failed lately.
+    fn is_lean(&self, policy: &CompiledPolicy) -> bool {
+        policy.leaves.len() == 1
+            && policy.policy.penalty.is_none()
+            && !policy.concurrent
+            && self.near_cache.is_none()
+            && self.counters.store_paused_until.load(Ordering::Relaxed) == 0
+    }
+
+    /// [`Limiter::decide_now`] for a policy [`Limiter::is_lean`] accepts, its identifier
+    /// written into `id` (this thread's): what `prepare` and `conclude` do, less what such a
+    /// policy cannot need.
+    fn decide_lean_now(
+        &self,
+        policy: &CompiledPolicy,
+        id: &mut Identifier,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Answer, Error>> {
+        id.clear();
+        if let Err(error) = write_leaf(id, policy, &policy.leaves[0], selectors) {
+            return Some(Err(error));
+        }
+        let hit = Hit {
+            identifiers: std::slice::from_ref(id),
+            evaluation: Evaluation {
+                shape: &policy.shape,
+                quotas: &policy.quotas,
+                cost,
+                recording,
+                penalty: None,
+            },
+            penalty_identifier: None,
+        };
+        Some(match self.store.try_decide_now(&hit)? {
+            Ok(decision) => Ok(Answer {
+                decision,
+                without_store: None,
+            }),
+            Err(error) => self.failed(policy, &hit, error, false),
+        })
     }
 
     /// Everything before the store: identifiers, the near cache, the pause after an error.
@@ -157,17 +213,9 @@ impl Limiter {
     ) -> Result<Answer, Error> {
         let decision = match result {
             Ok(decision) => decision,
-            Err(error) if error.is_transient() => {
-                if !ask.paused.load(Ordering::Relaxed) {
-                    Counters::bump(&self.counters.store_errors);
-                    let until = self.clock.now() + STORE_PAUSE.as_nanos() as u64;
-                    self.counters
-                        .store_paused_until
-                        .store(until, Ordering::Relaxed);
-                }
-                return Ok(self.without_store(policy, hit));
+            Err(error) => {
+                return self.failed(policy, hit, error, ask.paused.load(Ordering::Relaxed));
             }
-            Err(error) => return Err(error.into()),
         };
         if ask.cached
             && !decision.allowed()
@@ -185,6 +233,28 @@ impl Limiter {
             decision,
             without_store: None,
         })
+    }
+
+    /// The store failed `hit` (or was `paused`): a transient error pauses it (unless paused
+    /// already) and the failure mode decides; any other is the caller's.
+    fn failed(
+        &self,
+        policy: &CompiledPolicy,
+        hit: &Hit<'_>,
+        error: StoreError,
+        paused: bool,
+    ) -> Result<Answer, Error> {
+        if !error.is_transient() {
+            return Err(error.into());
+        }
+        if !paused {
+            Counters::bump(&self.counters.store_errors);
+            let until = self.clock.now() + STORE_PAUSE.as_nanos() as u64;
+            self.counters
+                .store_paused_until
+                .store(until, Ordering::Relaxed);
+        }
+        Ok(self.without_store(policy, hit))
     }
 
     /// Decides `hit` as the policy's failure mode says, counting it.
@@ -218,6 +288,12 @@ impl Limiter {
             without_store: Some(mode),
         }
     }
+}
+
+thread_local! {
+    /// The identifier of a lean check ([`Limiter::is_lean`]), rewritten in place by each.
+    static LEAN: std::cell::RefCell<Identifier> =
+        std::cell::RefCell::new(Identifier::with_capacity(64));
 }
 
 /// A decision before the policy's shadow flag is applied.
