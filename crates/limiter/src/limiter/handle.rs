@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
 
 use crate::policy::CompiledPolicy;
 
@@ -25,14 +25,15 @@ pub enum PolicyArg<'a> {
 
 /// A policy named once, for code that decides under one name on every call (a middleware
 /// layer): it follows reloads as the name does, and looks the name up again only after the
-/// policies changed. Between reloads a call reads the handle it found last under a read lock,
-/// where a call by name hashes the name and searches the table.
+/// policies changed. Between reloads a call reads the handle it found last (through
+/// `arc-swap`, as the limiter reads its table: no write to memory other threads read), where a
+/// call by name hashes the name and searches the table.
 ///
 /// One watch may serve several limiters (it looks up again when the limiter differs), but
 /// it is meant for one.
 pub struct PolicyWatch {
     name: String,
-    seen: RwLock<Seen>,
+    seen: ArcSwap<Seen>,
 }
 
 /// What a watch found, and when: the limiter and its policies' generation.
@@ -48,7 +49,7 @@ impl PolicyWatch {
         PolicyWatch {
             name: name.into(),
             // Limiter ids start at 1: nothing matches before the first lookup.
-            seen: RwLock::new(Seen {
+            seen: ArcSwap::from_pointee(Seen {
                 limiter: 0,
                 generation: 0,
                 policy: None,
@@ -63,12 +64,12 @@ impl PolicyWatch {
     /// The handle found for `limiter` at `generation`, if that is what was seen last
     /// (`Some(None)`: the name was unknown then).
     pub(crate) fn seen(&self, limiter: u64, generation: u64) -> Option<Option<PolicyRef>> {
-        let seen = self.seen.read();
+        let seen = self.seen.load();
         (seen.limiter == limiter && seen.generation == generation).then(|| seen.policy.clone())
     }
 
     pub(crate) fn remember(&self, seen: Seen) {
-        *self.seen.write() = seen;
+        self.seen.store(Arc::new(seen));
     }
 }
 
@@ -76,7 +77,7 @@ impl Clone for PolicyWatch {
     fn clone(&self) -> Self {
         PolicyWatch {
             name: self.name.clone(),
-            seen: RwLock::new(self.seen.read().clone()),
+            seen: ArcSwap::new(self.seen.load_full()),
         }
     }
 }
