@@ -158,6 +158,11 @@ impl Key {
 
     /// This key's value for one request, if it has one: borrowed from the request where it
     /// is there as it is (the client key, a header, the path), so the common keys copy nothing.
+    /// The client address as it is, not mapped: a value the layer has in hand already.
+    pub(crate) fn is_plain_client_ip(&self) -> bool {
+        matches!(self.source, Source::ClientIp) && self.map.is_none()
+    }
+
     pub(crate) fn extract<'a>(&self, inputs: &Inputs<'a>) -> Option<Cow<'a, str>> {
         let parts = inputs.parts;
         let (value, hash) = match &self.source {

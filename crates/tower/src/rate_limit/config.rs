@@ -139,6 +139,9 @@ pub(crate) struct Config {
     pub refusal: Refusal,
     /// Selector name and the key supplying it, in the order given.
     pub keys: Vec<(String, Key)>,
+    /// The one key is the client address, unmapped, and outcomes are not counted: the
+    /// selector is the address's key itself, with no list of values to build.
+    pub client_ip_only: bool,
     pub needs_body: bool,
     /// Body keys, leases and reservations always take the async path.
     pub always_slow: bool,

@@ -74,6 +74,17 @@ pub(super) fn prepare(config: &Config, parts: &mut Parts) -> Step {
         Prefix::Answer(response) => return Step::Answer(*response),
         Prefix::Keys(ip, key) => (ip, key),
     };
+    if config.client_ip_only
+        && let Some(key) = client_key.as_deref()
+    {
+        let ctx = Ctx {
+            config,
+            parts,
+            client_ip,
+            selectors: &[(config.keys[0].0.as_str(), key)],
+        };
+        return decided(config, parts, before_now(&ctx), None);
+    }
     let inputs = Inputs {
         parts,
         client_key: client_key.as_deref(),
@@ -95,13 +106,23 @@ pub(super) fn prepare(config: &Config, parts: &mut Parts) -> Step {
         client_ip,
         selectors: &selectors,
     };
-    let decided = before_now(&ctx);
-    let kept = match &decided {
+    let decision = before_now(&ctx);
+    let kept = match &decision {
         Some(Before::Admit { counted, .. }) => keep(config, *counted, &values),
         _ => None,
     };
     drop(selectors);
     drop(values);
+    decided(config, parts, decision, kept)
+}
+
+/// The step a synchronous decision makes (`None`: there was none to make without waiting).
+fn decided(
+    config: &Config,
+    parts: &mut Parts,
+    decided: Option<Before>,
+    kept: Option<Vec<String>>,
+) -> Step {
     match decided {
         None => Step::Slow,
         Some(Before::Answer(response)) => Step::Answer(*response),

@@ -275,6 +275,8 @@ impl RateLimitLayerBuilder {
             || self.filters.needs_client_ip()
             || self.keys.iter().any(|(_, k)| k.needs_client_ip());
         let needs_body = self.keys.iter().any(|(_, k)| k.needs_body());
+        let client_ip_only = matches!(&self.keys[..], [(_, key)] if key.is_plain_client_ip())
+            && self.outcomes.is_none();
         let fields = PolicyFields::new(&policy);
         let config = Config {
             refusal: Refusal::new(&self.policy),
@@ -286,6 +288,7 @@ impl RateLimitLayerBuilder {
             limiter: self.limiter,
             policy: PolicyWatch::new(self.policy),
             keys: self.keys,
+            client_ip_only,
             client_ip: self.client_ip,
             client_ip_extension: self.client_ip_extension,
             filters: self.filters,
