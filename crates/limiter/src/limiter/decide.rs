@@ -56,6 +56,12 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Result<Checked, Error> {
+        // A store in this process answers at once: the lean path, as `decide_now` takes it.
+        if !self.store.is_remote()
+            && let Some(decided) = self.decide_lean(&policy, selectors, cost, recording)
+        {
+            return decided.map(|answer| answer.into_checked(policy));
+        }
         let ask = match self.prepare(&policy, selectors, cost, recording)? {
             Prepared::Answered(decision) => return Ok(finish(policy, decision, true)),
             Prepared::Ask(ask) => ask,
@@ -89,16 +95,8 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Option<Result<Checked, Error>> {
-        if self.is_lean(&policy) {
-            // `None` when this thread is already inside a check (a store calling a limiter):
-            // the general path then, with buffers of its own.
-            let lean = LEAN.try_with(|id| {
-                let mut id = id.try_borrow_mut().ok()?;
-                Some(self.decide_lean_now(&policy, &mut id, selectors, cost, recording))
-            });
-            if let Ok(Some(decided)) = lean {
-                return decided.map(|answer| answer.map(|answer| answer.into_checked(policy)));
-            }
+        if let Some(decided) = self.decide_lean(&policy, selectors, cost, recording) {
+            return Some(decided.map(|answer| answer.into_checked(policy)));
         }
         let ask = match self.prepare(&policy, selectors, cost, recording) {
             Ok(Prepared::Answered(decision)) => return Some(Ok(finish(policy, decision, true))),
@@ -124,6 +122,27 @@ impl Limiter {
             && !policy.concurrent
             && self.near_cache.is_none()
             && self.counters.store_paused_until.load(Ordering::Relaxed) == 0
+    }
+
+    /// The lean path when `policy` can take it and the store answers at once; `None`, having
+    /// recorded nothing, otherwise (and when this thread is already inside a check, a store
+    /// calling a limiter: the general path then, with buffers of its own).
+    fn decide_lean(
+        &self,
+        policy: &CompiledPolicy,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Answer, Error>> {
+        if !self.is_lean(policy) {
+            return None;
+        }
+        LEAN.try_with(|id| {
+            let mut id = id.try_borrow_mut().ok()?;
+            self.decide_lean_now(policy, &mut id, selectors, cost, recording)
+        })
+        .ok()
+        .flatten()
     }
 
     /// [`Limiter::decide_now`] for a policy [`Limiter::is_lean`] accepts, its identifier
