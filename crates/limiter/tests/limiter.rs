@@ -422,8 +422,21 @@ async fn a_policy_watch_follows_replacements_additions_and_removals() {
         &l.check(&watch, ALICE, 1).await.unwrap().policy
     ));
 
+    // One made by the limiter has found its handle already, and follows reloads alike.
+    let made = l.watch("a");
+    assert!(Arc::ptr_eq(
+        &first,
+        &l.check(&made, ALICE, 1).await.unwrap().policy
+    ));
+
     l.replace_policies(vec![policy("a", "user:5/m")]).unwrap();
     assert_eq!(limit(l.check(&watch, ALICE, 1).await.unwrap()), 5);
+    assert_eq!(limit(l.check(&made, ALICE, 1).await.unwrap()), 5);
+    let unknown = l.watch("nope");
+    assert_eq!(
+        l.check(&unknown, ALICE, 1).await,
+        Err(Error::UnknownPolicy("nope".into()))
+    );
     l.add_policy(policy("a", "user:7/m")).unwrap();
     assert_eq!(
         limit(l.try_check_now(&watch, ALICE, 1).unwrap().unwrap()),

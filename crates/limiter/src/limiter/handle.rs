@@ -33,6 +33,9 @@ pub enum PolicyArg<'a> {
 /// it is meant for one.
 pub struct PolicyWatch {
     name: String,
+    /// What [`Limiter::watch`](crate::Limiter::watch) found when it made the watch: read
+    /// without any atomic operation until the policies change.
+    first: Seen,
     seen: ArcSwap<Seen>,
 }
 
@@ -45,15 +48,23 @@ pub(crate) struct Seen {
 }
 
 impl PolicyWatch {
+    /// A watch of `name` that looks it up on its first use. [`Limiter::watch`](crate::Limiter::watch)
+    /// makes one that has looked it up already.
     pub fn new(name: impl Into<String>) -> PolicyWatch {
+        // Limiter ids start at 1: nothing matches before the first lookup.
+        let nothing = Seen {
+            limiter: 0,
+            generation: 0,
+            policy: None,
+        };
+        PolicyWatch::found(name.into(), nothing)
+    }
+
+    pub(crate) fn found(name: String, first: Seen) -> PolicyWatch {
         PolicyWatch {
-            name: name.into(),
-            // Limiter ids start at 1: nothing matches before the first lookup.
-            seen: ArcSwap::from_pointee(Seen {
-                limiter: 0,
-                generation: 0,
-                policy: None,
-            }),
+            name,
+            seen: ArcSwap::from_pointee(first.clone()),
+            first,
         }
     }
 
@@ -64,6 +75,10 @@ impl PolicyWatch {
     /// The handle found for `limiter` at `generation`, if that is what was seen last
     /// (`Some(None)`: the name was unknown then).
     pub(crate) fn seen(&self, limiter: u64, generation: u64) -> Option<Option<PolicyRef>> {
+        let first = &self.first;
+        if first.limiter == limiter && first.generation == generation {
+            return Some(first.policy.clone());
+        }
         let seen = self.seen.load();
         (seen.limiter == limiter && seen.generation == generation).then(|| seen.policy.clone())
     }
@@ -77,6 +92,7 @@ impl Clone for PolicyWatch {
     fn clone(&self) -> Self {
         PolicyWatch {
             name: self.name.clone(),
+            first: self.first.clone(),
             seen: ArcSwap::new(self.seen.load_full()),
         }
     }

@@ -241,6 +241,21 @@ impl Limiter {
         self.policies.load().get(name).cloned()
     }
 
+    /// A [`PolicyWatch`] of `name` that has looked it up already: until the policies change,
+    /// a call through it reads what it found with no atomic operation at all.
+    pub fn watch(&self, name: &str) -> PolicyWatch {
+        let generation = self.generation.load(Ordering::Acquire);
+        let policy = self.policies.load().get(name).cloned();
+        PolicyWatch::found(
+            name.to_owned(),
+            handle::Seen {
+                limiter: self.id,
+                generation,
+                policy,
+            },
+        )
+    }
+
     /// Every policy, sorted by name.
     pub fn policies(&self) -> Vec<PolicyRef> {
         let mut all: Vec<_> = self.policies.load().values().cloned().collect();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Response};
 use ipnet::IpNet;
-use sluice_limiter::{CompiledPolicy, Limiter, PolicyWatch};
+use sluice_limiter::{CompiledPolicy, Limiter};
 use tower_layer::Layer;
 
 use super::config::{ChallengeConfig, Config, Hold, LayerStats, Stats, WhenMissing};
@@ -278,6 +278,7 @@ impl RateLimitLayerBuilder {
         let client_ip_only = matches!(&self.keys[..], [(_, key)] if key.is_plain_client_ip())
             && self.outcomes.is_none();
         let fields = PolicyFields::new(&policy);
+        let watch = self.limiter.watch(&self.policy);
         let config = Config {
             refusal: Refusal::new(&self.policy),
             fields,
@@ -286,7 +287,7 @@ impl RateLimitLayerBuilder {
             hold,
             needs_client_ip,
             limiter: self.limiter,
-            policy: PolicyWatch::new(self.policy),
+            policy: watch,
             keys: self.keys,
             client_ip_only,
             client_ip: self.client_ip,
