@@ -115,13 +115,14 @@ impl Limiter {
     }
 
     /// The usual check, taken without [`Ask`]'s bookkeeping: one leaf, no penalty, no near
-    /// cache, a store that has not failed lately.
+    /// cache, a store not resting after an error (the clock is read only once it has failed).
     fn is_lean(&self, policy: &CompiledPolicy) -> bool {
+        let until = self.counters.store_paused_until.load(Ordering::Relaxed);
         policy.leaves.len() == 1
             && policy.policy.penalty.is_none()
             && !policy.concurrent
             && self.near_cache.is_none()
-            && self.counters.store_paused_until.load(Ordering::Relaxed) == 0
+            && (until == 0 || until <= self.clock.now())
     }
 
     /// The lean path when `policy` can take it and the store answers at once; `None`, having
