@@ -55,6 +55,7 @@ pub(crate) struct Filters {
 
 impl Filters {
     /// Whether the request's method and path concern this layer.
+    #[inline]
     pub(crate) fn selects(&self, parts: &Parts) -> bool {
         (self.methods.is_empty() || self.methods.contains(&parts.method))
             && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(parts.uri.path())))
@@ -66,6 +67,7 @@ impl Filters {
 
     /// The lists' verdict on a client address. Deny wins over exempt; a request whose
     /// address is unknown is limited (never exempted by accident).
+    #[inline]
     pub(crate) fn admission(&self, client: Option<IpAddr>) -> Admission {
         if self.deny.is_empty() && self.exempt.is_empty() {
             return Admission::Limit;

@@ -99,11 +99,18 @@ impl ClientIpResolver {
     }
 
     /// The client of a request whose socket peer is `peer`.
+    #[inline]
     pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = normalize(peer);
-        if !self.is_trusted(peer) {
+        // No proxy trusted (the default): the peer is the client, whatever the headers say.
+        if self.trusted.is_empty() || !self.is_trusted(peer) {
             return peer;
         }
+        self.resolve_forwarded(peer, headers)
+    }
+
+    /// [`resolve`](Self::resolve) for a trusted peer: the forwarding headers, right to left.
+    fn resolve_forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let hops = match self.header {
             ForwardedHeader::XForwardedFor => {
                 hops(headers, &X_FORWARDED_FOR, |v| v.split(',').map(parse_node))
