@@ -4,8 +4,8 @@
 # callgrind, and curl sends N requests (3,000 by default) on one keep-alive connection to
 # each target, counters zeroed before and dumped after. Prints one line per target:
 #
-#   without_layer instructions_per_request=16124
-#   with_layer instructions_per_request=20028 added=3904
+#   without_layer instructions_per_request=16122
+#   with_layer instructions_per_request=19989 added=3867
 #
 # `refused` is a request the layer refuses (429 with the default problem+json body): under a
 # flood most requests are, so its whole cost is compared with `without_layer`'s.
