@@ -114,73 +114,6 @@ impl Limiter {
         Some(concluded.map(|answer| answer.into_checked(policy)))
     }
 
-    /// The usual check, taken without [`Ask`]'s bookkeeping: one leaf, no penalty, no near
-    /// cache, a store not resting after an error (the clock is read only once it has failed).
-    fn is_lean(&self, policy: &CompiledPolicy) -> bool {
-        let until = self.counters.store_paused_until.load(Ordering::Relaxed);
-        policy.leaves.len() == 1
-            && policy.policy.penalty.is_none()
-            && !policy.concurrent
-            && self.near_cache.is_none()
-            && (until == 0 || until <= self.clock.now())
-    }
-
-    /// The lean path when `policy` can take it and the store answers at once; `None`, having
-    /// recorded nothing, otherwise (and when this thread is already inside a check, a store
-    /// calling a limiter: the general path then, with buffers of its own).
-    fn decide_lean(
-        &self,
-        policy: &CompiledPolicy,
-        selectors: &Selectors<'_>,
-        cost: u64,
-        recording: Recording,
-    ) -> Option<Result<Answer, Error>> {
-        if !self.is_lean(policy) {
-            return None;
-        }
-        LEAN.try_with(|id| {
-            let mut id = id.try_borrow_mut().ok()?;
-            self.decide_lean_now(policy, &mut id, selectors, cost, recording)
-        })
-        .ok()
-        .flatten()
-    }
-
-    /// [`Limiter::decide_now`] for a policy [`Limiter::is_lean`] accepts, its identifier
-    /// written into `id` (this thread's): what `prepare` and `conclude` do, less what such a
-    /// policy cannot need.
-    fn decide_lean_now(
-        &self,
-        policy: &CompiledPolicy,
-        id: &mut Identifier,
-        selectors: &Selectors<'_>,
-        cost: u64,
-        recording: Recording,
-    ) -> Option<Result<Answer, Error>> {
-        id.clear();
-        if let Err(error) = write_leaf(id, policy, &policy.leaves[0], selectors) {
-            return Some(Err(error));
-        }
-        let hit = Hit {
-            identifiers: std::slice::from_ref(id),
-            evaluation: Evaluation {
-                shape: &policy.shape,
-                quotas: &policy.quotas,
-                cost,
-                recording,
-                penalty: None,
-            },
-            penalty_identifier: None,
-        };
-        Some(match self.store.try_decide_now(&hit)? {
-            Ok(decision) => Ok(Answer {
-                decision,
-                without_store: None,
-            }),
-            Err(error) => self.failed(policy, &hit, error, false),
-        })
-    }
-
     /// Everything before the store: identifiers, the near cache, the pause after an error.
     fn prepare(
         &self,
@@ -257,7 +190,7 @@ impl Limiter {
 
     /// The store failed `hit` (or was `paused`): a transient error pauses it (unless paused
     /// already) and the failure mode decides; any other is the caller's.
-    fn failed(
+    pub(super) fn failed(
         &self,
         policy: &CompiledPolicy,
         hit: &Hit<'_>,
@@ -310,20 +243,14 @@ impl Limiter {
     }
 }
 
-thread_local! {
-    /// The identifier of a lean check ([`Limiter::is_lean`]), rewritten in place by each.
-    static LEAN: std::cell::RefCell<Identifier> =
-        std::cell::RefCell::new(Identifier::with_capacity(64));
-}
-
 /// A decision before the policy's shadow flag is applied.
-struct Answer {
-    decision: Decision,
-    without_store: Option<FailureMode>,
+pub(super) struct Answer {
+    pub(super) decision: Decision,
+    pub(super) without_store: Option<FailureMode>,
 }
 
 impl Answer {
-    fn into_checked(self, policy: PolicyRef) -> Checked {
+    pub(super) fn into_checked(self, policy: PolicyRef) -> Checked {
         let mut checked = finish(policy, self.decision, false);
         checked.without_store = self.without_store;
         checked

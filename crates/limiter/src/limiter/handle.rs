@@ -48,8 +48,8 @@ pub(crate) struct Seen {
 }
 
 impl PolicyWatch {
-    /// A watch of `name` that looks it up on its first use. [`Limiter::watch`](crate::Limiter::watch)
-    /// makes one that has looked it up already.
+    /// A watch of `name` that looks it up on its first use.
+    /// [`Limiter::watch`](crate::Limiter::watch) makes one that has looked it up already.
     pub fn new(name: impl Into<String>) -> PolicyWatch {
         // Limiter ids start at 1: nothing matches before the first lookup.
         let nothing = Seen {

@@ -3,6 +3,7 @@
 mod acquire;
 mod decide;
 mod handle;
+mod lean;
 mod prefetch;
 
 use std::collections::HashMap;

@@ -1,0 +1,90 @@
+//! The lean path of a check: one leaf, no penalty, no near cache, a store answering in this
+//! process (the usual check on the memory store). It writes its identifier into one buffer
+//! per thread and goes straight to the store, without the general path's bookkeeping
+//! (`Limiter::decide` and `Limiter::decide_now` try it first); a store error goes to
+//! the same failure mode as theirs.
+
+use std::sync::atomic::Ordering;
+
+use sluice_core::{Evaluation, Recording};
+
+use super::decide::{Answer, write_leaf};
+use super::{Error, Limiter, Selectors};
+use crate::identifier::Identifier;
+use crate::policy::CompiledPolicy;
+use crate::store::{Hit, Store};
+
+thread_local! {
+    /// The identifier of a lean check, rewritten in place by each.
+    static LEAN: std::cell::RefCell<Identifier> =
+        std::cell::RefCell::new(Identifier::with_capacity(64));
+}
+
+impl Limiter {
+    /// The usual check: one leaf, no penalty, no near cache, a store not resting after an
+    /// error (the clock is read only once it has failed).
+    fn is_lean(&self, policy: &CompiledPolicy) -> bool {
+        let until = self.counters.store_paused_until.load(Ordering::Relaxed);
+        policy.leaves.len() == 1
+            && policy.policy.penalty.is_none()
+            && !policy.concurrent
+            && self.near_cache.is_none()
+            && (until == 0 || until <= self.clock.now())
+    }
+
+    /// The lean path when `policy` can take it and the store answers at once; `None`, having
+    /// recorded nothing, otherwise (and when this thread is already inside a check, a store
+    /// calling a limiter: the general path then, with buffers of its own).
+    pub(super) fn decide_lean(
+        &self,
+        policy: &CompiledPolicy,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Answer, Error>> {
+        if !self.is_lean(policy) {
+            return None;
+        }
+        LEAN.try_with(|id| {
+            let mut id = id.try_borrow_mut().ok()?;
+            self.decide_lean_now(policy, &mut id, selectors, cost, recording)
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// [`Limiter::decide_now`] for a policy [`Limiter::is_lean`] accepts, its identifier
+    /// written into `id` (this thread's): what `prepare` and `conclude` do, less what such a
+    /// policy cannot need.
+    fn decide_lean_now(
+        &self,
+        policy: &CompiledPolicy,
+        id: &mut Identifier,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Answer, Error>> {
+        id.clear();
+        if let Err(error) = write_leaf(id, policy, &policy.leaves[0], selectors) {
+            return Some(Err(error));
+        }
+        let hit = Hit {
+            identifiers: std::slice::from_ref(id),
+            evaluation: Evaluation {
+                shape: &policy.shape,
+                quotas: &policy.quotas,
+                cost,
+                recording,
+                penalty: None,
+            },
+            penalty_identifier: None,
+        };
+        Some(match self.store.try_decide_now(&hit)? {
+            Ok(decision) => Ok(Answer {
+                decision,
+                without_store: None,
+            }),
+            Err(error) => self.failed(policy, &hit, error, false),
+        })
+    }
+}
