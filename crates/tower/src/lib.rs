@@ -112,8 +112,10 @@ pub use headers::{
 };
 pub use key::{ClientIp, ClientIpResolver, ForwardedHeader, Key, PeerAddr, hashed};
 pub use outcome::Outcomes;
+#[cfg(feature = "axum")]
+pub use rate_limit::Axum;
 pub use rate_limit::{
-    LayerStats, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseBody, ResponseFuture,
-    WhenMissing,
+    BodyMode, LayerBody, LayerStats, RateLimit, RateLimitLayer, RateLimitLayerBuilder,
+    ResponseBody, ResponseFuture, WhenMissing, Wrapped,
 };
 pub use reserve::{ActualCost, Reserve};

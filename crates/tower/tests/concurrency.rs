@@ -168,6 +168,27 @@ async fn the_body_holds_the_lease_until_its_last_frame() {
     assert_eq!(next.status(), 200);
 }
 
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn with_axum_body_the_lease_rides_in_axums_body_to_its_end() {
+    let clock = clock();
+    let limiter = one_policy(&clock, "x:1 concurrent");
+    let (router, streams) = downloads();
+    let service = layer(limiter, "downloads").axum_body().layer(router);
+    let response = service.clone().oneshot(download("alice")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body: Body = response.into_body();
+    let sender = streams.lock().unwrap().remove(0);
+    sender.send(Bytes::from_static(b"a")).unwrap();
+    body.frame().await.unwrap().unwrap();
+    let busy = service.clone().oneshot(download("alice")).await.unwrap();
+    assert_eq!(busy.status(), 429, "held while the body streams");
+    drop(sender);
+    assert!(body.frame().await.is_none());
+    let next = service.oneshot(download("alice")).await.unwrap();
+    assert_eq!(next.status(), 200, "released at the end of the stream");
+}
+
 #[tokio::test]
 async fn rate_and_concurrency_policies_stack_and_mix() {
     let clock = clock();

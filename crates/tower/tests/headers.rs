@@ -178,3 +178,51 @@ async fn around_a_router_the_body_is_given_back_as_the_routers_own() {
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["status"], 429);
 }
+
+/// With `axum_body` the layer answers with axum's own `Body`: around a router no `map` is
+/// needed, and under `Router::layer` the same answers come back, fields and all.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn with_axum_body_the_router_serves_the_layer_as_it_is() {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::{Layer, ServiceExt};
+
+    let read = |response: axum::http::Response<Body>| async move {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8(body.to_vec()).unwrap())
+    };
+    let handler = || async { "[]" };
+
+    let clock = clock();
+    let around = api_layer("apikey:1/m", &clock, Headers::default())
+        .axum_body()
+        .layer(axum::Router::new().route("/api/items", axum::routing::get(handler)));
+    let clock = self::clock();
+    let per_route = axum::Router::new()
+        .route("/api/items", axum::routing::get(handler))
+        .layer(api_layer("apikey:1/m", &clock, Headers::default()).axum_body());
+
+    for (admitted, refused) in [
+        (
+            around.clone().oneshot(items("k1")).await.unwrap(),
+            around.clone().oneshot(items("k1")).await.unwrap(),
+        ),
+        (
+            per_route.clone().oneshot(items("k1")).await.unwrap(),
+            per_route.clone().oneshot(items("k1")).await.unwrap(),
+        ),
+    ] {
+        let (status, headers, body) = read(admitted).await;
+        assert_eq!((status, body.as_str()), (200, "[]"));
+        assert_eq!(headers["ratelimit"], "\"api\";r=0;t=60");
+        let (status, headers, body) = read(refused).await;
+        assert_eq!(status, 429);
+        assert_eq!(headers["retry-after"], "60");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["status"], 429);
+    }
+}

@@ -14,10 +14,10 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use super::answer::answer;
-use super::body::ResponseBody;
 use super::config::{Config, Stats, WhenMissing};
 use super::decide::before_now;
 use super::hold::{self, before_holding};
+use super::mode::LayerBody;
 use super::refusal::Refused;
 use crate::denied::{self, Reason};
 use crate::filter::Admission;
@@ -136,26 +136,27 @@ fn decided(
 }
 
 /// The whole flow, any part of which may wait.
-pub(super) async fn slow<S, ReqBody, ResBody>(
+pub(super) async fn slow<S, ReqBody, ResBody, O>(
     config: Arc<Config>,
     mut inner: S,
     request: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> Result<Response<O>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    O: LayerBody<ResBody>,
     ReqBody: http_body::Body + 'static,
     ReqBody::Error: Into<BoxError>,
 {
     let (mut parts, body) = request.into_parts();
     let (client_ip, client_key) = match prefix(&config, &mut parts) {
         Prefix::Pass => return pass(inner, Request::from_parts(parts, body)).await,
-        Prefix::Answer(response) => return Ok(response.map(ResponseBody::full)),
+        Prefix::Answer(response) => return Ok(response.map(O::full)),
         Prefix::Keys(ip, key) => (ip, key),
     };
     let (body, fields) = if config.needs_body {
         match read_fields(&config, &parts, body).await {
             Ok((body, fields)) => (body, Some(fields)),
-            Err(response) => return Ok(response.map(ResponseBody::full)),
+            Err(response) => return Ok(response.map(O::full)),
         }
     } else {
         (body, None)
@@ -170,7 +171,7 @@ where
         drop(values);
         return match missing {
             Missing::Skip => pass(inner, Request::from_parts(parts, body)).await,
-            Missing::Answer(response) => Ok(response.map(ResponseBody::full)),
+            Missing::Answer(response) => Ok(response.map(O::full)),
         };
     }
     let mut selectors = Selectors::new();
@@ -186,12 +187,12 @@ where
     let (decided, held) = before_holding(&ctx).await;
     let (decision, counted) = match decided {
         Before::Admit { decision, counted } => (decision, counted),
-        Before::Answer(response) => return Ok(response.map(ResponseBody::full)),
+        Before::Answer(response) => return Ok(response.map(O::full)),
         Before::Refuse(refused) => {
             drop(selectors);
             drop(values);
             let response = refused_answer(&config, &refused, parts.headers);
-            return Ok(response.map(ResponseBody::full));
+            return Ok(response.map(O::full));
         }
     };
     let kept = keep(&config, counted, &values);
@@ -324,12 +325,12 @@ pub(super) struct Unfinished<B> {
 
 /// The outcome count (when counting by outcome) and the header fields, when the count
 /// needs no waiting; otherwise hands back what [`finish_later`] needs.
-pub(super) fn finish_now<B>(
+pub(super) fn finish_now<B, O: LayerBody<B>>(
     config: &Config,
     mut decision: Option<Decision>,
     kept: Option<Vec<String>>,
     response: Response<B>,
-) -> Result<Response<ResponseBody<B>>, Box<Unfinished<B>>> {
+) -> Result<Response<O>, Box<Unfinished<B>>> {
     if let (Some(outcomes), Some(kept)) = (&config.outcomes, kept) {
         if outcomes.matches(response.status()) {
             let result =
@@ -355,10 +356,10 @@ pub(super) fn finish_now<B>(
 }
 
 /// [`finish_now`] for a store that must be awaited.
-pub(super) async fn finish_later<B>(
+pub(super) async fn finish_later<B, O: LayerBody<B>>(
     config: Arc<Config>,
     unfinished: Box<Unfinished<B>>,
-) -> Response<ResponseBody<B>> {
+) -> Response<O> {
     let config = &*config;
     let Unfinished {
         mut decision,
@@ -395,11 +396,11 @@ fn counted_outcome(
 }
 
 /// The header fields, unless the layer is in shadow mode.
-fn decorate<B>(
+fn decorate<B, O: LayerBody<B>>(
     config: &Config,
     decision: Option<&Decision>,
     mut response: Response<B>,
-) -> Response<ResponseBody<B>> {
+) -> Response<O> {
     // Admitted answers carry the policy's fields only (`Retry-After` is for refusals).
     if let Some(decision) = decision
         && !config.shadow
@@ -409,18 +410,19 @@ fn decorate<B>(
             .fields
             .apply(response.headers_mut(), decision, false, config.headers);
     }
-    response.map(ResponseBody::inner)
+    response.map(O::inner)
 }
 
-async fn pass<S, ReqBody, ResBody>(
+async fn pass<S, ReqBody, ResBody, O>(
     mut inner: S,
     request: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> Result<Response<O>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    O: LayerBody<ResBody>,
 {
     let response = inner.call(request).await?;
-    Ok(response.map(ResponseBody::inner))
+    Ok(response.map(O::inner))
 }
 
 /// Reads and parses the body, and makes a new one of the same type for the inner service.

@@ -12,32 +12,34 @@ use pin_project_lite::pin_project;
 use sluice_core::Decision;
 use tower_service::Service;
 
-use super::body::ResponseBody;
 use super::config::Config;
 use super::flow::{self, Step};
+use super::mode::{BodyMode, LayerBody, Wrapped};
 
-type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+type Boxed<O, E> = Pin<Box<dyn Future<Output = Result<Response<O>, E>> + Send>>;
 
 pin_project! {
     /// Resolves to the inner service's response, or to the layer's own answer (429, 403,
     /// 503). The hit is decided when this future is first polled. A request that needs no
     /// waiting before the inner service (the usual one) is carried without allocating; one
     /// that waits (body keys, a remote store, a wait mode, a challenge, a lease or a reservation)
-    /// is boxed.
-    pub struct ResponseFuture<S, ReqBody, ResBody>
+    /// is boxed. `M` says which body its responses carry (see [`BodyMode`]).
+    pub struct ResponseFuture<S, ReqBody, ResBody, M = Wrapped>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        M: BodyMode,
     {
         #[pin]
-        state: State<S, ReqBody, ResBody>,
+        state: State<S, ReqBody, ResBody, M>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqBody, ResBody>
+    enum State<S, ReqBody, ResBody, M>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        M: BodyMode,
     {
         /// Not polled yet: nothing decided.
         Start {
@@ -54,14 +56,15 @@ pin_project! {
             config: Arc<Config>,
             admitted: Option<(Option<Decision>, Option<Vec<String>>)>,
         },
-        Boxed { future: Boxed<ResBody, S::Error> },
+        Boxed { future: Boxed<M::Body<ResBody>, S::Error> },
         Done,
     }
 }
 
-impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
+impl<S, ReqBody, ResBody, M> ResponseFuture<S, ReqBody, ResBody, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    M: BodyMode,
 {
     pub(crate) fn new(config: Arc<Config>, inner: S, request: Request<ReqBody>) -> Self {
         let (head, body) = request.into_parts();
@@ -76,8 +79,10 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody, ResBody>
+impl<S, ReqBody, ResBody, M> Future for ResponseFuture<S, ReqBody, ResBody, M>
 where
+    M: BodyMode,
+    M::Body<ResBody>: LayerBody<ResBody> + Send + 'static,
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send,
     S::Error: 'static,
@@ -86,7 +91,7 @@ where
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     ResBody: Send + 'static,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = Result<Response<M::Body<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -104,7 +109,7 @@ where
                         match flow::prepare(&config, head.as_mut().expect("started once")) {
                             Step::Answer(response) => {
                                 state.set(State::Done);
-                                return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                                return Poll::Ready(Ok(response.map(M::Body::<ResBody>::full)));
                             }
                             Step::Slow => (true, None),
                             Step::Pass => (false, None),
@@ -141,7 +146,7 @@ where
                     };
                     let Some((decision, kept)) = admitted.take() else {
                         state.set(State::Done);
-                        return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                        return Poll::Ready(Ok(response.map(M::Body::<ResBody>::inner)));
                     };
                     match flow::finish_now(config, decision, kept, response) {
                         Ok(response) => {
@@ -150,7 +155,7 @@ where
                         }
                         Err(unfinished) => {
                             let later = flow::finish_later(config.clone(), unfinished);
-                            let future: Boxed<ResBody, S::Error> =
+                            let future: Boxed<M::Body<ResBody>, S::Error> =
                                 Box::pin(async move { Ok(later.await) });
                             state.set(State::Boxed { future });
                         }
@@ -167,9 +172,10 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody> fmt::Debug for ResponseFuture<S, ReqBody, ResBody>
+impl<S, ReqBody, ResBody, M> fmt::Debug for ResponseFuture<S, ReqBody, ResBody, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    M: BodyMode,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ResponseFuture")

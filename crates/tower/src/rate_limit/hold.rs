@@ -8,10 +8,10 @@ use http::Response;
 use sluice_limiter::{Lease, Reservation};
 
 use super::answer::{failed, unavailable};
-use super::body::ResponseBody;
 use super::config::{Config, Hold, Stats};
 use super::decide::{admit, before, refuse_with};
 use super::flow::{Before, Ctx};
+use super::mode::LayerBody;
 use crate::denied::Reason;
 use crate::reserve::{NoActual, ReserveConfig};
 
@@ -60,11 +60,11 @@ pub(super) async fn before_holding(ctx: &Ctx<'_>) -> (Before, Option<Held>) {
 }
 
 /// The response is ready: a lease moves into its body, a reservation is settled.
-pub(super) fn after<B>(
+pub(super) fn after<B, O: LayerBody<B>>(
     config: &Arc<Config>,
     held: Held,
-    response: Response<ResponseBody<B>>,
-) -> Response<ResponseBody<B>> {
+    response: Response<O>,
+) -> Response<O> {
     match held {
         Held::Lease(lease) => response.map(|body| body.holding(lease)),
         Held::Reservation(reservation) => {

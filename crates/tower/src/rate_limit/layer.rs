@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,9 @@ use sluice_limiter::{CompiledPolicy, Limiter};
 use tower_layer::Layer;
 
 use super::config::{ChallengeConfig, Config, Hold, LayerStats, Stats, WhenMissing};
+#[cfg(feature = "axum")]
+use super::mode::Axum;
+use super::mode::Wrapped;
 use super::refusal::Refusal;
 use super::service::RateLimit;
 use crate::challenge::Challenge;
@@ -26,13 +30,24 @@ use crate::outcome::Outcomes;
 use crate::reserve::Reserve;
 
 /// Applies one policy of a [`Limiter`] to the requests of an inner service. Stack several
-/// layers for several policies. Cheap to clone.
-#[derive(Clone)]
-pub struct RateLimitLayer {
+/// layers for several policies. Cheap to clone. `M` says which body its responses carry:
+/// its own [`ResponseBody`](super::ResponseBody) by default, axum's `Body` after
+/// [`axum_body`](RateLimitLayer::axum_body).
+pub struct RateLimitLayer<M = Wrapped> {
     config: Arc<Config>,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl fmt::Debug for RateLimitLayer {
+impl<M> Clone for RateLimitLayer<M> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            config: self.config.clone(),
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for RateLimitLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("policy", &self.config.policy)
@@ -65,16 +80,32 @@ impl RateLimitLayer {
         }
     }
 
+    /// This layer with responses whose body is axum's own `Body`, the type an axum app
+    /// serves: around a whole `Router` served by `axum::serve`, no
+    /// `map(ResponseBody::into_body)` is needed, and under `Router::layer` axum boxes
+    /// nothing per request (it boxes a body of any other type). A concurrency lease rides in
+    /// the body as it does in a [`ResponseBody`](super::ResponseBody), released when the
+    /// body ends; an inner body that is not axum's is boxed into one.
+    #[cfg(feature = "axum")]
+    pub fn axum_body(self) -> RateLimitLayer<Axum> {
+        RateLimitLayer {
+            config: self.config,
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<M> RateLimitLayer<M> {
     /// The layer's counters so far (shared by every service it made).
     pub fn stats(&self) -> LayerStats {
         self.config.stats.snapshot()
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
+impl<S, M> Layer<S> for RateLimitLayer<M> {
+    type Service = RateLimit<S, M>;
 
-    fn layer(&self, inner: S) -> RateLimit<S> {
+    fn layer(&self, inner: S) -> RateLimit<S, M> {
         RateLimit::new(inner, self.config.clone())
     }
 }
@@ -306,6 +337,7 @@ impl RateLimitLayerBuilder {
         };
         Ok(RateLimitLayer {
             config: Arc::new(config),
+            mode: PhantomData,
         })
     }
 

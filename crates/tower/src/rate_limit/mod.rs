@@ -10,6 +10,7 @@ mod flow;
 mod future;
 mod hold;
 mod layer;
+mod mode;
 mod refusal;
 mod service;
 
@@ -17,4 +18,7 @@ pub use body::ResponseBody;
 pub use config::{LayerStats, WhenMissing};
 pub use future::ResponseFuture;
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+#[cfg(feature = "axum")]
+pub use mode::Axum;
+pub use mode::{BodyMode, LayerBody, Wrapped};
 pub use service::RateLimit;
