@@ -4,8 +4,8 @@
 # callgrind, and curl sends N requests (3,000 by default) on one keep-alive connection to
 # each target, counters zeroed before and dumped after. Prints one line per target:
 #
-#   without_layer instructions_per_request=16122
-#   with_layer instructions_per_request=19989 added=3867
+#   without_layer instructions_per_request=15928
+#   with_layer instructions_per_request=19645 added=3717
 #
 # `refused` is a request the layer refuses (429 with the default problem+json body): under a
 # flood most requests are, so its whole cost is compared with `without_layer`'s.
@@ -26,7 +26,7 @@ valgrind --tool=callgrind --callgrind-out-file="$dir/out" \
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
-targets=(without_layer with_layer_no_fields with_layer with_layer_all_fields with_layer_per_route refused)
+targets=(without_layer with_layer_no_fields with_layer with_layer_all_fields with_layer_per_route with_layer_wrapped refused)
 for _ in $(seq 300); do
     [[ $(wc -l <"$dir/log") -ge ${#targets[@]} ]] && break
     sleep 0.1

@@ -1,15 +1,17 @@
-//! The benchmark's server: one trivial axum app served on five ports: behind
+//! The benchmark's server: one trivial axum app served on several ports: behind
 //! `RateLimitLayer` as configured by default (memory store, a limit keyed by client IP that
-//! never refuses) wrapped around the router, as a limit on every request is applied; behind
-//! the same layer sending every header field, and sending none (the limiter's own cost);
-//! behind the layer applied with `Router::layer`, which wraps each route (axum then boxes
-//! and clones per request on the layer's behalf, as it does for any layer applied so); and
-//! without the layer; and behind a layer whose policy refuses every request after the first
-//! (`refused`). `benches/overhead.sh` drives them with wrk.
+//! never refuses) answering with axum's own body (`axum_body`) and wrapped around the router,
+//! as a limit on every request is applied; behind the same layer sending every header field,
+//! and sending none (the limiter's own cost); behind the layer applied with `Router::layer`,
+//! which wraps each route (axum then clones per request on the layer's behalf, as it does
+//! for any layer applied so); behind the layer with its generic `ResponseBody`, given back
+//! as axum's with `map(ResponseBody::into_body)`; without the layer; and behind a layer whose
+//! policy refuses every request after the first (`refused`). `benches/overhead.sh` drives
+//! them with wrk.
 //!
 //! Prints one `NAME http://ADDR` line per port once all are bound: `with_layer`,
-//! `with_layer_all_fields`, `with_layer_no_fields`, `with_layer_per_route`, `without_layer`,
-//! `refused`.
+//! `with_layer_all_fields`, `with_layer_no_fields`, `with_layer_per_route`,
+//! `with_layer_wrapped`, `without_layer`, `refused`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -44,15 +46,24 @@ async fn serve(name: &str, app: Router) -> Served {
     tokio::spawn(async move { axum::serve(listener, app).await })
 }
 
-/// `app` behind `layer`, wrapped around the whole router (the body given back as axum's,
-/// which `axum::serve` wants).
-async fn serve_around(name: &str, app: Router, layer: RateLimitLayer) -> Served {
+/// `app` behind `layer` with its generic body, wrapped around the whole router (the body
+/// given back as axum's, which `axum::serve` wants).
+async fn serve_wrapped(name: &str, app: Router, layer: RateLimitLayer) -> Served {
     let listener = bind(name).await;
     let service =
         tower::util::MapResponseLayer::new(|response: axum::http::Response<ResponseBody<Body>>| {
             response.map(ResponseBody::into_body)
         })
         .layer(layer.layer(app));
+    let make = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(service);
+    tokio::spawn(async move { axum::serve(listener, make).await })
+}
+
+/// `app` behind `layer` answering with axum's own body, wrapped around the whole router:
+/// what `axum::serve` takes as it is.
+async fn serve_around(name: &str, app: Router, layer: RateLimitLayer) -> Served {
+    let listener = bind(name).await;
+    let service = layer.axum_body().layer(app);
     let make = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(service);
     tokio::spawn(async move { axum::serve(listener, make).await })
 }
@@ -82,9 +93,10 @@ async fn main() {
         serve_around("with_layer_no_fields", app(), layer(Headers::NONE)).await,
         serve(
             "with_layer_per_route",
-            app().layer(layer(Headers::default())),
+            app().layer(layer(Headers::default()).axum_body()),
         )
         .await,
+        serve_wrapped("with_layer_wrapped", app(), layer(Headers::default())).await,
         serve("without_layer", app()).await,
         serve_around("refused", app(), layer_of("refused", Headers::default())).await,
     ];
