@@ -133,7 +133,8 @@ fn main() {
             let limited = tower::Layer::layer(&layer(headers), app());
             compare(name, threads, rounds, calls, &limited, &app());
         }
-        let per_route = app().layer(layer(Headers::default()));
+        // As an axum app applies it: with axum's own body, which axum need not box.
+        let per_route = app().layer(layer(Headers::default()).axum_body());
         compare(
             "default_per_route",
             threads,
