@@ -33,7 +33,7 @@ impl LeaseParts {
     }
 
     /// Moves these parts' lists to this thread's spares (a dropped lease's), if there is room.
-    pub(super) fn keep_spare(&mut self) {
+    pub(crate) fn keep_spare(&mut self) {
         // Parts a release in the background took have no room to keep.
         let roomless = self.identifiers.capacity() == 0;
         if roomless

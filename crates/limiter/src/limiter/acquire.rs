@@ -3,7 +3,7 @@
 use sluice_core::{Evaluation, Recording};
 
 use super::decide::{finish, write_leaf, write_penalty};
-use super::{Error, Limiter, PolicyArg, Selectors, counting};
+use super::{Error, Limiter, PolicyArg, PolicyRef, Selectors, counting};
 use crate::identifier::{Identifier, Identifiers};
 use crate::lease::{
     Acquired, Lease, LeaseId, LeaseParts, Reservation, Reserved, TokenError, TokenSelectors,
@@ -49,6 +49,10 @@ impl Limiter {
         if !policy.concurrent {
             return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
         }
+        if policy.leaves.len() == 1 && policy.policy.penalty.is_none() {
+            // One concurrency leaf (the policy is concurrent): see `acquire_one`.
+            return self.acquire_one(policy, selectors).await;
+        }
         // Written into this thread's reused buffers, as a check's are: only the concurrency
         // leaves' identifiers are copied, into the lease, and only when it is admitted.
         let mut written = Identifiers::take();
@@ -86,6 +90,54 @@ impl Limiter {
         Ok(Acquired {
             checked: finish(policy, decision, false),
             lease,
+        })
+    }
+
+    /// [`Limiter::acquire`] for a rule of one concurrency leaf and no penalty (the usual
+    /// lease): its identifier is written straight into the parts the lease will keep (a
+    /// dropped lease's, reused), not into the thread's check buffers and then swapped over.
+    async fn acquire_one(
+        &self,
+        policy: PolicyRef,
+        selectors: &Selectors<'_>,
+    ) -> Result<Acquired, Error> {
+        let mut parts = LeaseParts::spare();
+        parts.identifiers.truncate(1);
+        if parts.identifiers.is_empty() {
+            parts.identifiers.push(Identifier::default());
+        }
+        parts.identifiers[0].clear();
+        let written = write_leaf(
+            &mut parts.identifiers[0],
+            &policy,
+            &policy.leaves[0],
+            selectors,
+        );
+        let id = LeaseId::random();
+        let decided = match written {
+            Ok(()) => {
+                let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
+                self.store.acquire(&hit, id.0).await.map_err(Error::from)
+            }
+            Err(error) => Err(error),
+        };
+        let decision = match decided {
+            Ok(decision) if decision.allowed() => decision,
+            // Denied, or no decision: the parts go back for the next acquire.
+            other => {
+                parts.keep_spare();
+                return other.map(|decision| Acquired {
+                    checked: finish(policy, decision, false),
+                    lease: None,
+                });
+            }
+        };
+        parts.quotas.push(policy.leaves[0].quota);
+        parts.selectors.write(lease_names(&policy), selectors);
+        let lease = Lease::new(id, self.store.clone(), parts);
+        Ok(Acquired {
+            checked: finish(policy, decision, false),
+            lease: Some(lease),
         })
     }
 
