@@ -1,8 +1,6 @@
 //! Concurrency leases and reservations on a [`Limiter`].
 
-use sluice_core::{Evaluation, Recording};
-
-use super::decide::{finish, write_leaf, write_penalty};
+use super::decide::{finish, hit, write_leaf, write_penalty};
 use super::{Error, Limiter, PolicyArg, PolicyRef, Selectors, counting};
 use crate::identifier::{Identifier, Identifiers};
 use crate::lease::{
@@ -10,7 +8,7 @@ use crate::lease::{
     parse_lease_token, parse_reservation_token, token_selectors,
 };
 use crate::policy::CompiledPolicy;
-use crate::store::{Hit, Store};
+use crate::store::Store;
 
 impl Limiter {
     /// Takes a lease on `policy`, whose rule holds a concurrency leaf (`user:3 concurrent`):
@@ -306,26 +304,6 @@ fn identifiers(
         out.push(id);
     }
     Ok(out)
-}
-
-fn hit<'a>(
-    policy: &'a CompiledPolicy,
-    identifiers: &'a [Identifier],
-    cost: u64,
-    recording: Recording,
-) -> Hit<'a> {
-    let leaves = policy.leaves.len();
-    Hit {
-        identifiers: &identifiers[..leaves],
-        evaluation: Evaluation {
-            shape: &policy.shape,
-            quotas: &policy.quotas,
-            cost,
-            recording,
-            penalty: policy.policy.penalty.as_ref(),
-        },
-        penalty_identifier: identifiers.get(leaves),
-    }
 }
 
 #[cfg(test)]

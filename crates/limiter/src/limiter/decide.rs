@@ -32,19 +32,29 @@ struct Ask {
 
 impl Ask {
     fn hit<'a>(&'a self, policy: &'a CompiledPolicy, cost: u64, recording: Recording) -> Hit<'a> {
-        let all = self.identifiers.as_slice();
-        let leaves = policy.leaves.len();
-        Hit {
-            identifiers: &all[..leaves],
-            evaluation: Evaluation {
-                shape: &policy.shape,
-                quotas: &policy.quotas,
-                cost,
-                recording,
-                penalty: policy.policy.penalty.as_ref(),
-            },
-            penalty_identifier: all.get(leaves),
-        }
+        hit(policy, self.identifiers.as_slice(), cost, recording)
+    }
+}
+
+/// The hit of `policy` on `identifiers` (one per leaf, then the penalty record's when the
+/// policy has one).
+pub(super) fn hit<'a>(
+    policy: &'a CompiledPolicy,
+    identifiers: &'a [Identifier],
+    cost: u64,
+    recording: Recording,
+) -> Hit<'a> {
+    let leaves = policy.leaves.len();
+    Hit {
+        identifiers: &identifiers[..leaves],
+        evaluation: Evaluation {
+            shape: &policy.shape,
+            quotas: &policy.quotas,
+            cost,
+            recording,
+            penalty: policy.policy.penalty.as_ref(),
+        },
+        penalty_identifier: identifiers.get(leaves),
     }
 }
 

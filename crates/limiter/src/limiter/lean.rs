@@ -6,13 +6,13 @@
 
 use std::sync::atomic::Ordering;
 
-use sluice_core::{Evaluation, Recording};
+use sluice_core::Recording;
 
-use super::decide::{Answer, write_leaf};
+use super::decide::{Answer, hit, write_leaf};
 use super::{Error, Limiter, Selectors};
 use crate::identifier::Identifier;
 use crate::policy::CompiledPolicy;
-use crate::store::{Hit, Store};
+use crate::store::Store;
 
 thread_local! {
     /// The identifier of a lean check, rewritten in place by each.
@@ -68,17 +68,7 @@ impl Limiter {
         if let Err(error) = write_leaf(id, policy, &policy.leaves[0], selectors) {
             return Some(Err(error));
         }
-        let hit = Hit {
-            identifiers: std::slice::from_ref(id),
-            evaluation: Evaluation {
-                shape: &policy.shape,
-                quotas: &policy.quotas,
-                cost,
-                recording,
-                penalty: None,
-            },
-            penalty_identifier: None,
-        };
+        let hit = hit(policy, std::slice::from_ref(id), cost, recording);
         Some(match self.store.try_decide_now(&hit)? {
             Ok(decision) => Ok(Answer {
                 decision,
