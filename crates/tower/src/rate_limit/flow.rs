@@ -1,31 +1,28 @@
-//! One request through the layer: filters, keys, challenge answer, decision, the inner
-//! service, then the outcome count and the header fields.
+//! One request through the layer: what it reads of the request (`request.rs`), the
+//! challenge answer and the decision, the inner service, then the outcome count and the
+//! header fields (`finish.rs`).
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use compact_str::CompactString;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response};
 use sluice_core::Decision;
-use smallvec::SmallVec;
 use tower_service::Service;
 
-use super::answer::answer;
-use super::config::{Config, Stats, WhenMissing};
+use super::config::Config;
 use super::decide::before_now;
+use super::finish::{finish_later, finish_now};
 use super::hold::{self, before_holding};
 use super::mode::LayerBody;
 use super::refusal::Refused;
-use crate::denied::{self, Reason};
-use crate::filter::Admission;
-use crate::key::body::{self, BodyError, BodyFields};
-use crate::key::client_ip::peer_addr;
-use crate::key::{ClientIp, Inputs};
+use super::request::{
+    Missing, Prefix, Selectors, Values, fill_selectors, fill_values, keep, prefix, read_fields,
+};
+use crate::key::Inputs;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the layer knows about a request once its keys are read.
 pub(super) struct Ctx<'a> {
@@ -225,194 +222,6 @@ fn refused_answer(config: &Config, refused: &Refused, headers: HeaderMap) -> Res
         .response(refused, &config.fields, config.headers, headers)
 }
 
-/// What the filters and the client address say before any key is read.
-enum Prefix {
-    Pass,
-    /// Boxed, as [`Before::Answer`].
-    Answer(Box<Response<Bytes>>),
-    /// The client address (when a key or a filter needs it) and its key form.
-    Keys(Option<IpAddr>, Option<CompactString>),
-}
-
-/// The method and route filters, the client address (left in the request for the handlers
-/// when asked), and the address filters.
-fn prefix(config: &Config, parts: &mut Parts) -> Prefix {
-    if !config.filters.selects(parts) {
-        return Prefix::Pass;
-    }
-    let client_ip = if config.needs_client_ip {
-        peer_addr(&parts.extensions).map(|peer| config.client_ip.resolve(peer.ip(), &parts.headers))
-    } else {
-        None
-    };
-    if let Some(ip) = client_ip
-        && config.client_ip_extension
-    {
-        parts.extensions.insert(ClientIp(ip));
-    }
-    match config.filters.admission(client_ip) {
-        Admission::Pass => Prefix::Pass,
-        Admission::Forbid => {
-            let ctx = Ctx {
-                config,
-                parts,
-                client_ip,
-                selectors: &[],
-            };
-            Stats::bump(&config.stats.deny_listed);
-            Prefix::Answer(Box::new(answer(&ctx, Reason::DenyListed, None, None, None)))
-        }
-        Admission::Limit => Prefix::Keys(
-            client_ip,
-            client_ip.map(|ip| config.client_ip.key_inline(ip)),
-        ),
-    }
-}
-
-/// A request without a value for some key, when the layer does not limit it as empty.
-enum Missing {
-    Skip,
-    /// Boxed: a rare answer should not make every call's result large.
-    Answer(Box<Response<Bytes>>),
-}
-
-type Values<'a> = SmallVec<[Cow<'a, str>; 4]>;
-
-/// The value of every key into `values`, borrowed from the request where it can be; on the
-/// stack for the usual few keys.
-fn fill_values<'a>(
-    config: &Config,
-    inputs: &Inputs<'a>,
-    values: &mut Values<'a>,
-) -> Result<(), Missing> {
-    for (name, key) in &config.keys {
-        match (key.extract(inputs), config.when_missing) {
-            (Some(value), _) => values.push(value),
-            (None, WhenMissing::Skip) => return Err(Missing::Skip),
-            (None, WhenMissing::Reject) => {
-                let detail = format!("the request lacks a value for selector `{name}`");
-                return Err(Missing::Answer(Box::new(denied::plain_problem(
-                    StatusCode::BAD_REQUEST,
-                    &detail,
-                ))));
-            }
-            (None, _) => values.push(Cow::Borrowed("")),
-        }
-    }
-    Ok(())
-}
-
-type Selectors<'a> = SmallVec<[(&'a str, &'a str); 4]>;
-
-/// Each key's selector name with its value, pushed in place (the array is moved no more).
-fn fill_selectors<'a>(config: &'a Config, values: &'a Values<'_>, selectors: &mut Selectors<'a>) {
-    for ((name, _), value) in config.keys.iter().zip(values) {
-        selectors.push((name.as_str(), &**value));
-    }
-}
-
-/// Counting by outcome needs the values after the request has gone to the inner service.
-fn keep(config: &Config, counted: bool, values: &Values<'_>) -> Option<Vec<String>> {
-    (config.outcomes.is_some() && !counted).then(|| values.iter().map(|v| v.to_string()).collect())
-}
-
-/// A response waiting for its outcome to be counted by a store that must be awaited.
-pub(super) struct Unfinished<B> {
-    decision: Option<Decision>,
-    kept: Vec<String>,
-    response: Response<B>,
-}
-
-/// The outcome count (when counting by outcome) and the header fields, when the count
-/// needs no waiting; otherwise hands back what [`finish_later`] needs.
-pub(super) fn finish_now<B, O: LayerBody<B>>(
-    config: &Config,
-    mut decision: Option<Decision>,
-    kept: Option<Vec<String>>,
-    response: Response<B>,
-) -> Result<Response<O>, Box<Unfinished<B>>> {
-    if let (Some(outcomes), Some(kept)) = (&config.outcomes, kept) {
-        if outcomes.matches(response.status()) {
-            let result =
-                config
-                    .limiter
-                    .try_check_now(&config.policy, &outcome_selectors(config, &kept), 1);
-            match result {
-                Some(result) => counted_outcome(config, &mut decision, result),
-                None => {
-                    return Err(Box::new(Unfinished {
-                        decision,
-                        kept,
-                        response,
-                    }));
-                }
-            }
-        } else if let Some(d) = &mut decision {
-            // The peek reported what would remain after this hit; it was not counted.
-            d.remaining = (d.remaining + 1).min(d.limit);
-        }
-    }
-    Ok(decorate(config, decision.as_ref(), response))
-}
-
-/// [`finish_now`] for a store that must be awaited.
-pub(super) async fn finish_later<B, O: LayerBody<B>>(
-    config: Arc<Config>,
-    unfinished: Box<Unfinished<B>>,
-) -> Response<O> {
-    let config = &*config;
-    let Unfinished {
-        mut decision,
-        kept,
-        response,
-    } = *unfinished;
-    let selectors = outcome_selectors(config, &kept);
-    let result = config.limiter.check(&config.policy, &selectors, 1).await;
-    counted_outcome(config, &mut decision, result);
-    decorate(config, decision.as_ref(), response)
-}
-
-fn outcome_selectors<'a>(config: &'a Config, kept: &'a [String]) -> Vec<(&'a str, &'a str)> {
-    config
-        .keys
-        .iter()
-        .zip(kept)
-        .map(|((name, _), value)| (name.as_str(), value.as_str()))
-        .collect()
-}
-
-fn counted_outcome(
-    config: &Config,
-    decision: &mut Option<Decision>,
-    result: Result<sluice_limiter::Checked, sluice_limiter::Error>,
-) {
-    match result {
-        Ok(checked) => *decision = Some(checked.decision),
-        Err(error) => {
-            tracing::warn!(policy = %config.policy, %error, "could not count an outcome");
-            Stats::bump(&config.stats.outcome_unrecorded);
-        }
-    }
-}
-
-/// The header fields, unless the layer is in shadow mode.
-fn decorate<B, O: LayerBody<B>>(
-    config: &Config,
-    decision: Option<&Decision>,
-    mut response: Response<B>,
-) -> Response<O> {
-    // Admitted answers carry the policy's fields only (`Retry-After` is for refusals).
-    if let Some(decision) = decision
-        && !config.shadow
-        && (config.headers.ietf || config.headers.x_ratelimit)
-    {
-        config
-            .fields
-            .apply(response.headers_mut(), decision, false, config.headers);
-    }
-    response.map(O::inner)
-}
-
 async fn pass<S, ReqBody, ResBody, O>(
     mut inner: S,
     request: Request<ReqBody>,
@@ -423,42 +232,4 @@ where
 {
     let response = inner.call(request).await?;
     Ok(response.map(O::inner))
-}
-
-/// Reads and parses the body, and makes a new one of the same type for the inner service.
-async fn read_fields<B>(
-    config: &Config,
-    parts: &Parts,
-    body: B,
-) -> Result<(B, BodyFields), Response<Bytes>>
-where
-    B: http_body::Body + 'static,
-    B::Error: Into<BoxError>,
-{
-    if !body::can_rebuild::<B>() {
-        tracing::error!(
-            policy = %config.policy,
-            body = std::any::type_name::<B>(),
-            "form and JSON keys need a body type that can be rebuilt from bytes"
-        );
-        return Err(denied::plain_problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the rate limiter cannot read this request's body",
-        ));
-    }
-    match body::read(body, config.max_body).await {
-        Ok(bytes) => {
-            let fields = BodyFields::parse(&parts.headers, &bytes);
-            let body = body::rebuild(bytes).expect("checked by can_rebuild");
-            Ok((body, fields))
-        }
-        Err(BodyError::TooLarge) => Err(denied::plain_problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the request body is too large",
-        )),
-        Err(BodyError::Unreadable) => Err(denied::plain_problem(
-            StatusCode::BAD_REQUEST,
-            "the request body could not be read",
-        )),
-    }
 }

@@ -13,6 +13,7 @@ use sluice_core::Decision;
 use tower_service::Service;
 
 use super::config::Config;
+use super::finish;
 use super::flow::{self, Step};
 use super::mode::{BodyMode, LayerBody, Wrapped};
 
@@ -148,13 +149,13 @@ where
                         state.set(State::Done);
                         return Poll::Ready(Ok(response.map(M::Body::<ResBody>::inner)));
                     };
-                    match flow::finish_now(config, decision, kept, response) {
+                    match finish::finish_now(config, decision, kept, response) {
                         Ok(response) => {
                             state.set(State::Done);
                             return Poll::Ready(Ok(response));
                         }
                         Err(unfinished) => {
-                            let later = flow::finish_later(config.clone(), unfinished);
+                            let later = finish::finish_later(config.clone(), unfinished);
                             let future: Boxed<M::Body<ResBody>, S::Error> =
                                 Box::pin(async move { Ok(later.await) });
                             state.set(State::Boxed { future });

@@ -6,12 +6,14 @@ mod body;
 mod challenge;
 mod config;
 mod decide;
+mod finish;
 mod flow;
 mod future;
 mod hold;
 mod layer;
 mod mode;
 mod refusal;
+mod request;
 mod service;
 
 pub use body::ResponseBody;
