@@ -142,6 +142,7 @@ fn main() {
                 let keys = LeaseKeys {
                     identifiers: std::slice::from_ref(&*id),
                     quotas: &policy.quotas,
+                    held_for: None,
                 };
                 store.release_now(&keys, lease);
             }));

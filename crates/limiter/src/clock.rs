@@ -48,6 +48,12 @@ impl Clock for SystemClock {
     }
 }
 
+/// Real monotonic time, for measuring against a remote store's clock (a lease's age): never
+/// a limiter's [`Clock`], which a test may hold still while the store's time runs on.
+pub(crate) fn real_now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
 /// A clock that moves only when told to. Clones share the same time.
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {

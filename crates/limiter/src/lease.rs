@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_core::Quota;
 pub use sluice_core::algorithm::concurrency::Released;
@@ -95,10 +95,11 @@ pub(crate) struct LeaseParts {
 }
 
 impl LeaseParts {
-    fn keys(&self) -> LeaseKeys<'_> {
+    fn keys(&self, taken: Option<Instant>) -> LeaseKeys<'_> {
         LeaseKeys {
             identifiers: &self.identifiers,
             quotas: &self.quotas,
+            held_for: taken.map(|taken| crate::clock::real_now().saturating_duration_since(taken)),
         }
     }
 }
@@ -123,6 +124,11 @@ pub struct Lease {
     /// Held inline, not behind an `Arc`: a release in the background takes them (an `Arc`
     /// per lease was an allocation and a free on every acquire + release).
     parts: LeaseParts,
+    /// When the acquire left for a remote store (read before it was sent, so the store took
+    /// the lease no sooner): what a release tells the store of the lease's age. `None` on
+    /// the memory store, whose release is exact and cheap anyway, and for a lease rebuilt
+    /// from its token. Not moved by a renew, so it only ever overstates the age.
+    taken: Option<Instant>,
     done: bool,
 }
 
@@ -136,11 +142,17 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(id: LeaseId, store: DynStore, parts: LeaseParts) -> Lease {
+    pub(crate) fn new(
+        id: LeaseId,
+        store: DynStore,
+        parts: LeaseParts,
+        taken: Option<Instant>,
+    ) -> Lease {
         Lease {
             id,
             store,
             parts,
+            taken,
             done: false,
         }
     }
@@ -152,6 +164,7 @@ impl Lease {
             id,
             store,
             parts,
+            taken: None,
             done: true,
         }
     }
@@ -172,13 +185,14 @@ impl Lease {
     /// the store no longer knew it: both harmless, both worth logging.
     pub async fn release(mut self) -> Result<Released, Error> {
         self.done = true;
-        Ok(self.store.release(&self.parts.keys(), self.id.0).await?)
+        let keys = self.parts.keys(self.taken);
+        Ok(self.store.release(&keys, self.id.0).await?)
     }
 
     /// Extends the lease to one lease time from now: the time it has left, or `None` if it
     /// had expired (it cannot come back; acquire again).
     pub async fn renew(&self) -> Result<Option<Duration>, Error> {
-        Ok(self.store.renew(&self.parts.keys(), self.id.0).await?)
+        Ok(self.store.renew(&self.parts.keys(None), self.id.0).await?)
     }
 
     /// Lets go of the guard without releasing: the slot stays held until the lease expires
@@ -195,7 +209,7 @@ impl Drop for Lease {
         if !self.done {
             match self.store.as_memory() {
                 Some(memory) => {
-                    memory.release_now(&self.parts.keys(), self.id.0);
+                    memory.release_now(&self.parts.keys(None), self.id.0);
                 }
                 None => self.release_in_background(),
             }
@@ -211,13 +225,14 @@ impl Lease {
     #[cfg(feature = "tokio")]
     fn release_in_background(&mut self) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, parts, id) = (
+            let (store, parts, id, taken) = (
                 self.store.clone(),
                 std::mem::take(&mut self.parts),
                 self.id.0,
+                self.taken,
             );
             runtime.spawn(async move {
-                let _ = store.release(&parts.keys(), id).await;
+                let _ = store.release(&parts.keys(taken), id).await;
             });
         }
     }

@@ -89,6 +89,7 @@ fn double_release_and_release_of_an_expired_lease_are_reported() {
         let keys = sluice_limiter::LeaseKeys {
             identifiers: &ids,
             quotas: &policy.quotas,
+            held_for: None,
         };
         assert_eq!(store.release_now(&keys, id.0), Released::NotHeld);
         // b is still held under that identifier: releasing someone else's id frees nothing.

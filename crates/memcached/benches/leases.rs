@@ -38,6 +38,7 @@ async fn pairs_per_second(
             let keys = LeaseKeys {
                 identifiers: &id[..],
                 quotas: &quotas,
+                held_for: None,
             };
             let mut lease = (caller as u64) << 40;
             while round.running() {

@@ -65,6 +65,7 @@ fn replays_the_shared_concurrency_vectors() {
             let keys = LeaseKeys {
                 identifiers: &id,
                 quotas: &quotas,
+                held_for: None,
             };
             for step in vector["steps"].as_array().expect("steps") {
                 let (lease, now) = (u(&step["id"]), us(u(&step["now"])));
@@ -244,6 +245,7 @@ fn abandoned_leases_are_dropped_and_counted() {
         let keys = LeaseKeys {
             identifiers: &id,
             quotas: &quotas,
+            held_for: None,
         };
         assert!(store.acquire(&rule.hit(&id), 1).await.unwrap().allowed());
         clock.advance(Duration::from_secs(59));

@@ -42,6 +42,7 @@ async fn pairs_per_second(
                 let held = LeaseKeys {
                     identifiers: id,
                     quotas: &quotas,
+                    held_for: None,
                 };
                 let released = store.release(&held, lease).await.expect("release");
                 assert_eq!(released, Released::Released);

@@ -81,6 +81,7 @@ impl Case {
         LeaseKeys {
             identifiers: &self.lease_ids,
             quotas: &self.lease_quotas,
+            held_for: None,
         }
     }
 }

@@ -41,6 +41,7 @@ async fn the_cleaner_deletes_an_abandoned_lease_once_it_expired() {
     let keys = LeaseKeys {
         identifiers: &ids,
         quotas: &[quota],
+        held_for: None,
     };
     let taken = Instant::now();
     let first = store.acquire(&rule.hit(&ids), 7).await.unwrap();

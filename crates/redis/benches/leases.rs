@@ -10,7 +10,9 @@
 //! shared a script call, the time spent inside scripts (`INFO commandstats`, wall time) and
 //! the Redis commands an acquire + release made. `SLUICE_BENCH_KEYS=N` spreads every
 //! operation over N keys (N lease sets; N rate-check keys) instead of one, as per-user limits
-//! are.
+//! are. A release tells the store the lease's age, as a `Lease` does;
+//! `SLUICE_BENCH_LEASE_AGE=unknown` releases as a lease rebuilt from its token (its expiry
+//! asked first).
 //! Run: `cargo bench -p sluice-redis --bench leases`.
 
 use std::collections::BTreeMap;
@@ -78,17 +80,23 @@ async fn pairs_per_second(
         async move {
             let rule = OneLeaf::new(quota);
             let quotas = [quota];
+            let age_known = std::env::var("SLUICE_BENCH_LEASE_AGE").as_deref() != Ok("unknown");
             let mut n = 0u64;
             while round.running() {
                 let lease = ((caller as u64) << 40) | n;
                 let ids = &sets[(caller + n as usize * CALLERS) % sets.len()];
                 n += 1;
+                // As a `Lease` does: its age, counted from before the acquire left, goes
+                // with the release (so a lease far from expiry is released by one `ZREM`);
+                // with `SLUICE_BENCH_LEASE_AGE=unknown`, as a lease rebuilt from its token.
+                let taken = Instant::now();
+                let decision = store.acquire(&rule.hit(ids), lease).await.expect("acquire");
+                assert!(decision.allowed(), "one slot per caller is free");
                 let keys = LeaseKeys {
                     identifiers: ids,
                     quotas: &quotas,
+                    held_for: age_known.then(|| taken.elapsed()),
                 };
-                let decision = store.acquire(&rule.hit(ids), lease).await.expect("acquire");
-                assert!(decision.allowed(), "one slot per caller is free");
                 let released = store.release(&keys, lease).await.expect("release");
                 assert_eq!(released, Released::Released);
                 round.count();

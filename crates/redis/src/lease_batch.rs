@@ -36,6 +36,11 @@ pub enum LeaseStep {
     Acquire { limit: u64, lease: u64 },
     /// Give the lease back.
     Release,
+    /// Give back a lease its holder knows has not expired (see
+    /// [`LeaseKeys::held_for`](sluice_limiter::LeaseKeys::held_for)): the removal alone
+    /// answers, so the release is one `ZREM` instead of a `ZSCORE` and a `ZREM` (answers
+    /// `Released` or `NotHeld`, never `Expired`).
+    ReleaseUnexpired,
     /// Push the lease to `lease` ticks past now.
     Renew { lease: u64 },
 }
@@ -61,6 +66,7 @@ pub fn lease_batch_arguments(steps: impl IntoIterator<Item = (LeaseStep, u64)>) 
         let (kind, set) = match step {
             LeaseStep::Acquire { limit, lease } => (1, Some((limit, lease))),
             LeaseStep::Release => (2, None),
+            LeaseStep::ReleaseUnexpired => (0, None),
             // A renew reads only the lease time: any set with it serves.
             LeaseStep::Renew { lease } => (
                 3,
@@ -141,14 +147,14 @@ pub fn lease_batch_answers(
                         .map_err(|_| RedisError::Reply(format!("dropped {dropped}")))?,
                 }
             }
-            LeaseStep::Release => {
+            LeaseStep::Release | LeaseStep::ReleaseUnexpired => {
                 let [code, tail @ ..] = rest else {
                     return Err(short());
                 };
                 rest = tail;
                 LeaseAnswer::Released(match code {
                     1 => Released::Released,
-                    2 => Released::Expired,
+                    2 if *step == LeaseStep::Release => Released::Expired,
                     0 => Released::NotHeld,
                     other => return Err(RedisError::Reply(format!("release answered {other}"))),
                 })
@@ -194,7 +200,8 @@ impl Batched for LeasePending {
     /// its slot until it expired); a release still goes, as giving the slot back is what
     /// its caller wanted, answer or not.
     fn abandoned(&self) -> bool {
-        self.step != LeaseStep::Release && self.reply.is_closed()
+        !matches!(self.step, LeaseStep::Release | LeaseStep::ReleaseUnexpired)
+            && self.reply.is_closed()
     }
 
     async fn send(store: RedisStore, batch: Vec<Self>) {

@@ -113,7 +113,12 @@ impl RedisStore {
         lease: u64,
     ) -> Result<Released, RedisError> {
         if let [id] = leases.identifiers {
-            return match self.lease_step(id, LeaseStep::Release, lease).await? {
+            let step = if self.surely_unexpired(leases) {
+                LeaseStep::ReleaseUnexpired
+            } else {
+                LeaseStep::Release
+            };
+            return match self.lease_step(id, step, lease).await? {
                 LeaseAnswer::Released(found) => Ok(found),
                 other => Err(unexpected(other)),
             };
@@ -133,6 +138,21 @@ impl RedisStore {
             self.count_expired(1);
         }
         Ok(found)
+    }
+
+    /// Whether the one lease of `leases` cannot have expired when its release runs: its
+    /// holder has held it for less than its lease time less twice this store's timeout (a
+    /// release runs within the timeout of being sent, or its caller hears an error; twice,
+    /// as a call may start late in that time and take all of its own). Redis's clock is
+    /// taken to run at the holder's rate; a step of Redis's clock larger than the margin
+    /// could make a release answer `Released` for a lease Redis had just let expire (the
+    /// slot is freed alike; only the report and the expired count differ).
+    fn surely_unexpired(&self, leases: &LeaseKeys<'_>) -> bool {
+        let (Some(held_for), [quota]) = (leases.held_for, leases.quotas) else {
+            return false;
+        };
+        let lease = Duration::from_nanos(quota.window_ticks().saturating_mul(quota.tick()));
+        held_for.saturating_add(self.call_timeout().saturating_mul(2)) < lease
     }
 
     /// [`Store::renew`](sluice_limiter::Store::renew): one script call per slot, batched

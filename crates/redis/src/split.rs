@@ -239,6 +239,7 @@ pub async fn decide_across_slots(
             let keys = LeaseKeys {
                 identifiers: &identifiers,
                 quotas: &quotas,
+                held_for: None,
             };
             store.release_lease(&keys, id).await?;
         }

@@ -253,6 +253,11 @@ impl RedisStore {
             .wrapping_add(self.inner.tokens.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// How long a call may take before its caller hears [`RedisError::Timeout`].
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
     /// Runs `cmd` once on the connection.
     async fn send<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match &self.inner.connection {

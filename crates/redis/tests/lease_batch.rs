@@ -85,6 +85,7 @@ async fn release_all_at_once(
                 let leases = LeaseKeys {
                     identifiers: &identifier,
                     quotas: &quotas,
+                    held_for: None,
                 };
                 let held = if renew {
                     store.renew(&leases, lease).await.map(|left| left.is_some())
@@ -181,6 +182,7 @@ async fn acquires_and_releases_mixed_never_hold_more_than_the_limit() {
             let leases = LeaseKeys {
                 identifiers: &key,
                 quotas: &quotas,
+                held_for: None,
             };
             let mut admitted = 0;
             for n in 0..30 {
@@ -335,9 +337,13 @@ async fn expired_leases_are_counted() {
     )];
     let rule = OneLeaf::new(quota);
     let quotas = [quota];
+    // Held for no time by the holder's word: still, a lease of 1 s is within twice the
+    // store's timeout of its expiry, so each release asks the lease's expiry and can
+    // answer `Expired` (a release by `ZREM` alone could not).
     let leases = LeaseKeys {
         identifiers: &key,
         quotas: &quotas,
+        held_for: Some(Duration::ZERO),
     };
     let acquire = |lease| {
         let (store, hit) = (store.clone(), rule.hit(&key));
@@ -392,4 +398,52 @@ async fn expired_leases_are_counted() {
         "lease 3 went with its key"
     );
     assert_eq!(store.leases_expired(), 2, "lease 3 is not counted");
+}
+
+/// A release whose holder has held the lease for much less than its lease time is one
+/// `ZREM`; one near the end of its lease time (within twice the store's timeout), or whose
+/// age is unknown, asks the lease's expiry first (`ZSCORE`), as it could have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_far_from_expiry_does_not_ask_the_expiry() {
+    let server = RedisServer::start().expect("redis-server");
+    let store = connect(&server.url()).await; // a timeout of 5 s
+    let quota = concurrent(3, 60);
+    let key = [Identifier::grouped("far:", "one", ":3 concurrent")];
+    let (rule, quotas) = (OneLeaf::new(quota), [quota]);
+    let mut lease = 0;
+    for (held_for, asks) in [
+        (Some(Duration::ZERO), false),
+        (Some(Duration::from_secs(49)), false),
+        (Some(Duration::from_secs(50)), true),
+        (None, true),
+    ] {
+        lease += 1;
+        assert!(
+            store
+                .acquire(&rule.hit(&key), lease)
+                .await
+                .unwrap()
+                .allowed()
+        );
+        let before = server.calls("zscore");
+        let leases = LeaseKeys {
+            identifiers: &key,
+            quotas: &quotas,
+            held_for,
+        };
+        assert_eq!(
+            store.release(&leases, lease).await.unwrap(),
+            Released::Released
+        );
+        assert_eq!(
+            server.calls("zscore") - before,
+            u64::from(asks),
+            "held for {held_for:?}"
+        );
+        // Released once, the lease is not held: both kinds of release say so.
+        assert_eq!(
+            store.release(&leases, lease).await.unwrap(),
+            Released::NotHeld
+        );
+    }
 }

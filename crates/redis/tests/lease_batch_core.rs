@@ -35,6 +35,7 @@ fn quota(limit: u64, seconds: u64) -> Quota {
 /// One lease set: its key, its quotas (one limit; lease times that differ, as if policies
 /// shared it, so a lease taken later may expire sooner), the core's state, and when its
 /// Redis key expires (test time, microseconds; 0 when it has none).
+#[derive(Clone)]
 struct Set {
     key: String,
     quotas: Vec<Quota>,
@@ -63,7 +64,9 @@ fn core_step(set: &mut Set, q: &Quota, step: LeaseStep, id: u64, now: u64) -> Le
                 dropped,
             }
         }
-        LeaseStep::Release => LeaseAnswer::Released(concurrency::release(&mut set.core, now, id)),
+        LeaseStep::Release | LeaseStep::ReleaseUnexpired => {
+            LeaseAnswer::Released(concurrency::release(&mut set.core, now, id))
+        }
         LeaseStep::Renew { .. } => {
             let renewed = concurrency::renew(q, &mut set.core, now, id);
             if renewed.is_some() {
@@ -78,6 +81,29 @@ fn core_step(set: &mut Set, q: &Quota, step: LeaseStep, id: u64, now: u64) -> Le
     answer
 }
 
+/// `batch` as holders send it at `now`: a holder sends [`LeaseStep::ReleaseUnexpired`]
+/// only for a lease that has not expired when the step runs (or that is gone), so where the
+/// core finds the lease expired at that step the plain release goes instead.
+fn as_holders_send(sets: &[Set], now: i64, batch: &Batch) -> Batch {
+    let mut sets = sets.to_vec();
+    let now = now as u64;
+    batch
+        .iter()
+        .map(|&(s, q, step, id)| {
+            let expired = sets[s]
+                .core
+                .leases()
+                .any(|(held, at)| held == id && at <= now);
+            let step = match step {
+                LeaseStep::ReleaseUnexpired if expired => LeaseStep::Release,
+                other => other,
+            };
+            core_step(&mut sets[s], &q, step, id, now);
+            (s, q, step, id)
+        })
+        .collect()
+}
+
 /// A random step of a random set: half acquires, then releases, then renews, on a few ids
 /// so that ids are taken twice, released twice and renewed after they went.
 fn random_step(sets: &[Set], rng: &mut u64) -> (usize, Quota, LeaseStep, u64) {
@@ -89,7 +115,9 @@ fn random_step(sets: &[Set], rng: &mut u64) -> (usize, Quota, LeaseStep, u64) {
             limit: q.limit(),
             lease: q.window_ticks(),
         },
-        5..=7 => LeaseStep::Release,
+        5..=6 => LeaseStep::Release,
+        // Sent only where its holder would: see `as_holders_send`.
+        7 => LeaseStep::ReleaseUnexpired,
         _ => LeaseStep::Renew {
             lease: q.window_ticks(),
         },
@@ -191,6 +219,7 @@ impl Replay {
     /// Sends `batch` as one call at `now` (after moving the keys' expiries there) and
     /// replays it on the core: what differs.
     fn run(&mut self, sets: &mut [Set], now: i64, batch: &Batch) -> Vec<String> {
+        let batch = &as_holders_send(sets, now, batch);
         pass_time(&mut self.con, sets, now);
         let keys: Vec<&str> = batch.iter().map(|&(s, ..)| sets[s].key.as_str()).collect();
         let steps: Vec<LeaseStep> = batch.iter().map(|&(_, _, step, _)| step).collect();
@@ -208,6 +237,14 @@ impl Replay {
         for (n, (&(s, q, step, id), answer)) in batch.iter().zip(&answers).enumerate() {
             let want = core_step(&mut sets[s], &q, step, id, now as u64);
             *self.kinds.entry(kind(&want)).or_default() += 1;
+            if step == LeaseStep::ReleaseUnexpired
+                && want == LeaseAnswer::Released(Released::Released)
+            {
+                *self
+                    .kinds
+                    .entry("released by its unexpired holder")
+                    .or_default() += 1;
+            }
             if *answer != want {
                 problems.push(format!(
                     "step {n} ({step:?} of lease {id} on {}): answered {answer:?}, core {want:?}",
@@ -283,6 +320,7 @@ fn batches_answer_as_the_core_step_by_step() {
         "dropped expired",
         "released",
         "released expired",
+        "released by its unexpired holder",
         "renewed",
     ] {
         let seen = replay.kinds.get(kind).copied().unwrap_or(0);

@@ -303,3 +303,33 @@ fn sigkilled_holders_slots_come_back() {
         }
     });
 }
+
+/// A `Lease` tells the store how long it has been held, so its release, far from the
+/// lease's expiry, is one `ZREM` without asking the expiry; a lease rebuilt from its token
+/// (its age unknown) asks it.
+#[test]
+fn a_lease_released_by_its_holder_does_not_ask_its_expiry() {
+    let server = RedisServer::start().expect("redis-server");
+    runtime().block_on(async {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let limiter = limiter(store, "user:2 concurrent lease=10m", false);
+        let alice = &[("user", "alice")];
+        let before = server.calls("zscore");
+        let lease = limiter.acquire("p", alice).await.unwrap().lease.unwrap();
+        assert_eq!(
+            lease.release().await.unwrap(),
+            sluice_limiter::Released::Released
+        );
+        assert_eq!(server.calls("zscore"), before, "released by one ZREM");
+
+        let held = limiter.acquire("p", alice).await.unwrap().lease.unwrap();
+        let rebuilt = limiter.lease("p", &held.token()).unwrap();
+        let before = server.calls("zscore");
+        assert_eq!(
+            rebuilt.release().await.unwrap(),
+            sluice_limiter::Released::Released
+        );
+        assert_eq!(server.calls("zscore"), before + 1, "its age unknown");
+        held.forget();
+    });
+}

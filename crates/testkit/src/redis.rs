@@ -85,13 +85,19 @@ impl RedisServer {
     /// Script calls the server ran so far (EVAL, EVALSHA and FCALL), from
     /// `INFO commandstats`: how many calls a batch of decisions took.
     pub fn script_calls(&self) -> u64 {
+        ["evalsha", "eval", "fcall"]
+            .iter()
+            .map(|command| self.calls(command))
+            .sum()
+    }
+
+    /// Calls of `command` (lower case, e.g. `zscore`) the server ran so far, scripts' own
+    /// included, from `INFO commandstats`.
+    pub fn calls(&self, command: &str) -> u64 {
         let info = self.cli(&["INFO", "commandstats"]).expect("INFO");
+        let prefix = format!("cmdstat_{command}:");
         info.lines()
-            .filter(|line| {
-                ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
-                    .iter()
-                    .any(|name| line.starts_with(name))
-            })
+            .filter(|line| line.starts_with(&prefix))
             .filter_map(|line| {
                 let calls = line.split("calls=").nth(1)?.split(',').next()?;
                 calls.parse::<u64>().ok()

@@ -62,6 +62,7 @@ impl Limiter {
         }
         let hit = hit(&policy, written.as_slice(), 1, counting(&policy));
         let id = LeaseId::random();
+        let taken = self.sent_at();
         let decision = self.store.acquire(&hit, id.0).await?;
         let lease = decision.allowed().then(|| {
             let mut parts = LeaseParts::spare();
@@ -83,12 +84,18 @@ impl Limiter {
             }
             parts.identifiers.truncate(held);
             parts.selectors.write(lease_names(&policy), selectors);
-            Lease::new(id, self.store.clone(), parts)
+            Lease::new(id, self.store.clone(), parts, taken)
         });
         Ok(Acquired {
             checked: finish(policy, decision, false),
             lease,
         })
+    }
+
+    /// For a remote store, the time before an acquire leaves: the lease's age counts from
+    /// here (see [`LeaseKeys::held_for`](crate::LeaseKeys::held_for)).
+    fn sent_at(&self) -> Option<std::time::Instant> {
+        self.store.is_remote().then(crate::clock::real_now)
     }
 
     /// [`Limiter::acquire`] for a rule of one concurrency leaf and no penalty (the usual
@@ -112,6 +119,7 @@ impl Limiter {
             selectors,
         );
         let id = LeaseId::random();
+        let taken = self.sent_at();
         let decided = match written {
             Ok(()) => {
                 let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
@@ -132,7 +140,7 @@ impl Limiter {
         };
         parts.quotas.push(policy.leaves[0].quota);
         parts.selectors.write(lease_names(&policy), selectors);
-        let lease = Lease::new(id, self.store.clone(), parts);
+        let lease = Lease::new(id, self.store.clone(), parts, taken);
         Ok(Acquired {
             checked: finish(policy, decision, false),
             lease: Some(lease),

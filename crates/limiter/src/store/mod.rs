@@ -34,6 +34,13 @@ pub struct Hit<'a> {
 pub struct LeaseKeys<'a> {
     pub identifiers: &'a [Identifier],
     pub quotas: &'a [Quota],
+    /// How long the holder has held the lease by its own monotonic clock, counted from
+    /// before its acquire left; `None` when it does not know (a lease rebuilt from its
+    /// token). A release may use it: while the lease time is far from over, the lease cannot
+    /// have expired, so the removal alone answers ([`Released::Released`] or
+    /// [`Released::NotHeld`]). The Redis store does so when this plus twice its timeout is
+    /// under the lease time, and saves a command per release.
+    pub held_for: Option<std::time::Duration>,
 }
 
 /// A reservation being settled: the rule's identifiers and quotas (concurrency leaves left

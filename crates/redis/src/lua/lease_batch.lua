@@ -16,13 +16,14 @@
 --
 -- KEYS: one per step, the lease set's key. ARGV: the number of quota sets S, then S pairs
 -- (limit, lease time in ticks), then two per step in KEYS' order: kind + 4 * set (kind 1
--- acquire, 2 release, 3 renew; set from 1, 0 for a release) and the lease id.
+-- acquire, 2 release, 3 renew, 0 release of a lease its holder knows unexpired; set from
+-- 1, 0 for a release) and the lease id.
 -- Reply: the steps' answers one after the other, in one flat array of integers:
 --   acquire: remaining (>= 0), when admitted with reset_after = the lease time and no
 --            expired lease dropped; else -1, then code (0 admitted, 1 denied until `retry`,
 --            2 denied for good), remaining, reset_after, retry (0 unless code 1) and the
 --            expired leases dropped (the store counts leases that expired unreleased)
---   release: 1 released, 2 expired (kept but expired), 0 not held
+--   release: 1 released, 2 expired (kept but expired), 0 not held (kind 0: 1 or 0)
 --   renew:   the time left on the renewed lease, or -1 when it is not held
 
 -- The library functions as locals, as in gcra_batch.lua: a global lookup per use costs.
@@ -205,6 +206,16 @@ local function release(key, id)
   return 2
 end
 
+-- concurrency::release of a lease its holder knows has not expired (the store sends it so
+-- only while the lease time is far from over by the holder's clock): a lease found is
+-- unexpired, so the removal alone answers, as on a known key.
+local function release_unexpired(key, id)
+  if redis.call('ZREM', key, id) == 0 then return 0 end
+  local k = known[key]
+  if k then went(k, id) end
+  return 1
+end
+
 -- concurrency::renew: pushes `id` to one lease time past `now` if it is held; the key then
 -- expires with its latest lease.
 local function renew(key, lease, id)
@@ -239,6 +250,9 @@ for i = 1, #KEYS do
   local kind, set = op[1], op[2]
   if kind == 1 then
     acquire(KEYS[i], limits[set], leases[set], id)
+  elseif kind == 0 then
+    n = n + 1
+    out[n] = release_unexpired(KEYS[i], id)
   elseif kind == 2 then
     n = n + 1
     out[n] = release(KEYS[i], id)
