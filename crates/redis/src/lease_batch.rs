@@ -16,7 +16,9 @@
 //! 4.9 rate checks, when each step was its own script call); about 16 steps shared a call,
 //! and a pair made 1 `ZADD`, 1 `ZREM` and about 0.1 of each other command.
 //! In instructions (`benches/lua_instructions.sh`, callgrind on redis-server) a pair costs
-//! 5.0 rate checks on one set and 2.3 on 1,000,000 sets (the rate check got cheaper too).
+//! 5.0 rate checks on one set and 2.3 on 1,000,000 sets (the rate check got cheaper too);
+//! 1.9 on 1,000,000 sets once a release its holder knows unexpired
+//! ([`LeaseStep::ReleaseUnexpired`]) skipped asking the lease's expiry.
 
 use std::sync::atomic::Ordering;
 
