@@ -48,10 +48,14 @@ impl Clock for SystemClock {
     }
 }
 
-/// Real monotonic time, for measuring against a remote store's clock (a lease's age): never
-/// a limiter's [`Clock`], which a test may hold still while the store's time runs on.
-pub(crate) fn real_now() -> std::time::Instant {
-    std::time::Instant::now()
+/// Real monotonic time in nanoseconds (since this process first asked), for measuring
+/// against a remote store's clock (a lease's age): never a limiter's [`Clock`], which a test
+/// may hold still while the store's time runs on. A number, so a lease can keep it in an
+/// atomic that a renew through a shared reference moves.
+pub(crate) fn real_nanos() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    base.elapsed().as_nanos() as u64
 }
 
 /// A clock that moves only when told to. Clones share the same time.

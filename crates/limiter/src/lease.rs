@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_core::Quota;
 pub use sluice_core::algorithm::concurrency::Released;
@@ -26,6 +26,9 @@ pub(crate) use token::{
 /// processes do not collide in practice, so processes sharing a store need no coordination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseId(pub u64);
+
+/// [`Lease`]'s `taken` when its age is not known.
+const UNKNOWN: u64 = u64::MAX;
 
 /// Lease numbers a thread takes at once (see [`LeaseId::random`]).
 const ID_BLOCK: u64 = 1 << 20;
@@ -95,11 +98,14 @@ pub(crate) struct LeaseParts {
 }
 
 impl LeaseParts {
-    fn keys(&self, taken: Option<Instant>) -> LeaseKeys<'_> {
+    /// The keys of these leases, held since `taken` ([`crate::clock::real_nanos`]) when known.
+    fn keys(&self, taken: Option<u64>) -> LeaseKeys<'_> {
         LeaseKeys {
             identifiers: &self.identifiers,
             quotas: &self.quotas,
-            held_for: taken.map(|taken| crate::clock::real_now().saturating_duration_since(taken)),
+            held_for: taken.map(|taken| {
+                Duration::from_nanos(crate::clock::real_nanos().saturating_sub(taken))
+            }),
         }
     }
 }
@@ -124,11 +130,12 @@ pub struct Lease {
     /// Held inline, not behind an `Arc`: a release in the background takes them (an `Arc`
     /// per lease was an allocation and a free on every acquire + release).
     parts: LeaseParts,
-    /// When the acquire left for a remote store (read before it was sent, so the store took
-    /// the lease no sooner): what a release tells the store of the lease's age. `None` on
-    /// the memory store, whose release is exact and cheap anyway, and for a lease rebuilt
-    /// from its token. Not moved by a renew, so it only ever overstates the age.
-    taken: Option<Instant>,
+    /// When the acquire, or the latest renew that found the lease, left for a remote store
+    /// ([`crate::clock::real_nanos`], read before it was sent, so the store took or renewed
+    /// the lease no sooner): what a release tells the store of the lease's age.
+    /// [`UNKNOWN`] on the memory store, whose release is exact and cheap anyway, and for a
+    /// lease rebuilt from its token.
+    taken: AtomicU64,
     done: bool,
 }
 
@@ -146,15 +153,20 @@ impl Lease {
         id: LeaseId,
         store: DynStore,
         parts: LeaseParts,
-        taken: Option<Instant>,
+        taken: Option<u64>,
     ) -> Lease {
         Lease {
             id,
             store,
             parts,
-            taken,
+            taken: AtomicU64::new(taken.unwrap_or(UNKNOWN)),
             done: false,
         }
+    }
+
+    /// `taken`, when known.
+    fn taken(&self) -> Option<u64> {
+        Some(self.taken.load(Ordering::Relaxed)).filter(|&taken| taken != UNKNOWN)
     }
 
     /// A lease rebuilt from its token: its holder is elsewhere, so dropping this one
@@ -164,7 +176,7 @@ impl Lease {
             id,
             store,
             parts,
-            taken: None,
+            taken: AtomicU64::new(UNKNOWN),
             done: true,
         }
     }
@@ -185,14 +197,20 @@ impl Lease {
     /// the store no longer knew it: both harmless, both worth logging.
     pub async fn release(mut self) -> Result<Released, Error> {
         self.done = true;
-        let keys = self.parts.keys(self.taken);
+        let keys = self.parts.keys(self.taken());
         Ok(self.store.release(&keys, self.id.0).await?)
     }
 
     /// Extends the lease to one lease time from now: the time it has left, or `None` if it
     /// had expired (it cannot come back; acquire again).
     pub async fn renew(&self) -> Result<Option<Duration>, Error> {
-        Ok(self.store.renew(&self.parts.keys(None), self.id.0).await?)
+        let sent = self.taken().map(|_| crate::clock::real_nanos());
+        let left = self.store.renew(&self.parts.keys(None), self.id.0).await?;
+        if let (Some(sent), Some(_)) = (sent, left) {
+            // Renewed from no sooner than `sent`: the lease's age counts from there now.
+            self.taken.fetch_max(sent, Ordering::Relaxed);
+        }
+        Ok(left)
     }
 
     /// Lets go of the guard without releasing: the slot stays held until the lease expires
@@ -229,7 +247,7 @@ impl Lease {
                 self.store.clone(),
                 std::mem::take(&mut self.parts),
                 self.id.0,
-                self.taken,
+                self.taken(),
             );
             runtime.spawn(async move {
                 let _ = store.release(&parts.keys(taken), id).await;

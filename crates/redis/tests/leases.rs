@@ -333,3 +333,34 @@ fn a_lease_released_by_its_holder_does_not_ask_its_expiry() {
         held.forget();
     });
 }
+
+/// A lease's age grows with real time, so one held close to its expiry (within twice the
+/// store's timeout, 1 s here) asks its expiry at release, as it may have expired; a renew
+/// that found the lease counts its age afresh from before it left.
+#[test]
+fn a_lease_near_its_expiry_asks_it_unless_renewed() {
+    let server = RedisServer::start().expect("redis-server");
+    runtime().block_on(async {
+        let store = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .unwrap();
+        let limiter = limiter(store, "user:2 concurrent lease=3s", false);
+        let alice = &[("user", "alice")];
+        let old = limiter.acquire("p", alice).await.unwrap().lease.unwrap();
+        let renewed = limiter.acquire("p", alice).await.unwrap().lease.unwrap();
+        // Real time must pass for the leases to age: 1.2 s and twice the timeout reach the
+        // lease time (the renew has 1.8 s to spare).
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert!(renewed.renew().await.unwrap().is_some());
+        let before = server.calls("zscore");
+        old.release().await.unwrap();
+        assert_eq!(server.calls("zscore"), before + 1, "near its expiry");
+        assert_eq!(
+            renewed.release().await.unwrap(),
+            sluice_limiter::Released::Released
+        );
+        assert_eq!(server.calls("zscore"), before + 1, "renewed just now");
+    });
+}

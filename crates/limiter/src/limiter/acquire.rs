@@ -94,8 +94,8 @@ impl Limiter {
 
     /// For a remote store, the time before an acquire leaves: the lease's age counts from
     /// here (see [`LeaseKeys::held_for`](crate::LeaseKeys::held_for)).
-    fn sent_at(&self) -> Option<std::time::Instant> {
-        self.store.is_remote().then(crate::clock::real_now)
+    fn sent_at(&self) -> Option<u64> {
+        self.store.is_remote().then(crate::clock::real_nanos)
     }
 
     /// [`Limiter::acquire`] for a rule of one concurrency leaf and no penalty (the usual
