@@ -99,6 +99,7 @@ pub(crate) struct LeaseParts {
 
 impl LeaseParts {
     /// The keys of these leases, held since `taken` ([`crate::clock::real_nanos`]) when known.
+    #[inline]
     fn keys(&self, taken: Option<u64>) -> LeaseKeys<'_> {
         LeaseKeys {
             identifiers: &self.identifiers,
@@ -165,6 +166,7 @@ impl Lease {
     }
 
     /// `taken`, when known.
+    #[inline]
     fn taken(&self) -> Option<u64> {
         Some(self.taken.load(Ordering::Relaxed)).filter(|&taken| taken != UNKNOWN)
     }
@@ -197,6 +199,10 @@ impl Lease {
     /// the store no longer knew it: both harmless, both worth logging.
     pub async fn release(mut self) -> Result<Released, Error> {
         self.done = true;
+        if let Some(memory) = self.store.as_memory() {
+            // In process: nothing to wait for.
+            return Ok(memory.release_now(&self.parts.keys(None), self.id.0));
+        }
         let keys = self.parts.keys(self.taken());
         Ok(self.store.release(&keys, self.id.0).await?)
     }

@@ -93,7 +93,9 @@ impl Limiter {
     }
 
     /// For a remote store, the time before an acquire leaves: the lease's age counts from
-    /// here (see [`LeaseKeys::held_for`](crate::LeaseKeys::held_for)).
+    /// here (see [`LeaseKeys::held_for`](crate::LeaseKeys::held_for)). The memory store's
+    /// release is exact and cheap, so it gets none.
+    #[inline]
     fn sent_at(&self) -> Option<u64> {
         self.store.is_remote().then(crate::clock::real_nanos)
     }
@@ -119,13 +121,20 @@ impl Limiter {
             selectors,
         );
         let id = LeaseId::random();
-        let taken = self.sent_at();
-        let decided = match written {
+        let (decided, taken) = match written {
             Ok(()) => {
                 let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
-                self.store.acquire(&hit, id.0).await.map_err(Error::from)
+                match self.store.as_memory() {
+                    // In process: nothing to wait for, and no age to keep (see `sent_at`).
+                    Some(memory) => (Ok(memory.acquire_now(&hit, id.0)), None),
+                    None => {
+                        let taken = self.sent_at();
+                        let decided = self.store.acquire(&hit, id.0).await;
+                        (decided.map_err(Error::from), taken)
+                    }
+                }
             }
-            Err(error) => Err(error),
+            Err(error) => (Err(error), None),
         };
         let decision = match decided {
             Ok(decision) if decision.allowed() => decision,
