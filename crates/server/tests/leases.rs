@@ -406,6 +406,19 @@ fn bad_lease_and_reservation_requests_get_clear_errors() {
             400,
             "is not a reservation token",
         ),
+        (
+            "/v1/acquire",
+            r#"["jobs", {"user": "alice"}]"#,
+            400,
+            "the body must be a JSON object",
+        ),
+        (
+            "/v1/release",
+            " \"jobs\"",
+            400,
+            "the body must be a JSON object",
+        ),
+        ("/v1/settle", "", 400, "invalid request"),
     ];
     for (path, body, status, message) in cases {
         let (got, answer) = post(&server, path, body);

@@ -80,7 +80,15 @@ pub(super) fn bad_request(message: String) -> Problem {
     }
 }
 
+/// A request body: a JSON object of the endpoint's fields. Any other JSON value gets its own
+/// message (serde would read an array as the fields in order and complain of the first).
 pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
+        return Err(bad_request(
+            "invalid request: the body must be a JSON object".to_owned(),
+        ));
+    }
     serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request: {e}")))
 }
 
