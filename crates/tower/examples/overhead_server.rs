@@ -54,16 +54,18 @@ async fn serve_wrapped(name: &str, app: Router, layer: RateLimitLayer) -> Served
         tower::util::MapResponseLayer::new(|response: axum::http::Response<ResponseBody<Body>>| {
             response.map(ResponseBody::into_body)
         })
-        .layer(layer.layer(app));
+        .layer(layer.layer(app.with_state(())));
     let make = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(service);
     tokio::spawn(async move { axum::serve(listener, make).await })
 }
 
 /// `app` behind `layer` answering with axum's own body, wrapped around the whole router:
-/// what `axum::serve` takes as it is.
+/// what `axum::serve` takes as it is. The router gets its state first (`with_state(())`, as
+/// axum's docs advise for a router used as a service, and as `axum::serve` does for a bare
+/// router), or axum would clone each route's handler into a new box per request.
 async fn serve_around(name: &str, app: Router, layer: RateLimitLayer) -> Served {
     let listener = bind(name).await;
-    let service = layer.axum_body().layer(app);
+    let service = layer.axum_body().layer(app.with_state(()));
     let make = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(service);
     tokio::spawn(async move { axum::serve(listener, make).await })
 }
