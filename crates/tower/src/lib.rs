@@ -9,6 +9,7 @@
 //! use sluice_tower::{Key, RateLimitLayer};
 //! use tower::ServiceExt;
 //!
+//! # #[cfg(feature = "axum")] // a form field read from axum's `Body`
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let limiter = Limiter::builder(MemoryStore::new())
 //!     .policy(Policy::new("login", "user:2/m").unwrap())
@@ -85,8 +86,8 @@
 
 #![forbid(unsafe_code)]
 
-// The README's examples compile as doc tests.
-#[cfg(doctest)]
+// The README's examples compile as doc tests (axum apps: with the `axum` feature).
+#[cfg(all(doctest, feature = "axum"))]
 #[doc = include_str!("../README.md")]
 mod readme {}
 
