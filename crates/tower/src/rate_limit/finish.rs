@@ -88,16 +88,30 @@ fn counted_outcome(
     }
 }
 
+/// Whether an admitted response needs [`finish_now`]: an outcome to count, or header fields
+/// to write. Otherwise it is passed on as it is.
+pub(super) fn needed(
+    config: &Config,
+    decision: Option<&Decision>,
+    kept: Option<&[String]>,
+) -> bool {
+    kept.is_some() || (decision.is_some() && writes_fields(config))
+}
+
+/// Whether admitted responses carry header fields: not in shadow mode, and only the
+/// policy's fields (`Retry-After` is for refusals).
+fn writes_fields(config: &Config) -> bool {
+    !config.shadow && (config.headers.ietf || config.headers.x_ratelimit)
+}
+
 /// The header fields, unless the layer is in shadow mode.
 fn decorate<B, O: LayerBody<B>>(
     config: &Config,
     decision: Option<&Decision>,
     mut response: Response<B>,
 ) -> Response<O> {
-    // Admitted answers carry the policy's fields only (`Retry-After` is for refusals).
     if let Some(decision) = decision
-        && !config.shadow
-        && (config.headers.ietf || config.headers.x_ratelimit)
+        && writes_fields(config)
     {
         config
             .fields

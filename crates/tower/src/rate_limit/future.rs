@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use sluice_core::Decision;
@@ -21,10 +20,12 @@ type Boxed<O, E> = Pin<Box<dyn Future<Output = Result<Response<O>, E>> + Send>>;
 
 pin_project! {
     /// Resolves to the inner service's response, or to the layer's own answer (429, 403,
-    /// 503). The hit is decided when this future is first polled. A request that needs no
-    /// waiting before the inner service (the usual one) is carried without allocating; one
-    /// that waits (body keys, a remote store, a wait mode, a challenge, a lease or a reservation)
-    /// is boxed. `M` says which body its responses carry (see [`BodyMode`]).
+    /// 503). A hit that needs no waiting (the usual one) is decided in `call`, which then
+    /// calls the inner service at once, on the instance polled ready: this future carries
+    /// only the inner service's future, or the answer, without allocating. One that waits
+    /// (body keys, a remote store, a wait mode, a challenge, a lease or a reservation) is
+    /// decided when this future is first polled, boxed. `M` says which body its responses
+    /// carry (see [`BodyMode`]).
     pub struct ResponseFuture<S, ReqBody, ResBody, M = Wrapped>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -35,6 +36,10 @@ pin_project! {
     }
 }
 
+/// What an admitted response still needs once the inner service answers: the outcome count
+/// and the header fields (see [`finish::finish_now`]).
+type Finish = (Arc<Config>, Option<Decision>, Option<Vec<String>>);
+
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqBody, ResBody, M>
@@ -42,20 +47,13 @@ pin_project! {
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
         M: BodyMode,
     {
-        /// Not polled yet: nothing decided.
-        Start {
-            config: Option<Arc<Config>>,
-            inner: Option<S>,
-            // Apart, so the decision reads the head where it lies.
-            head: Option<Parts>,
-            body: Option<ReqBody>,
-        },
+        /// The layer's own answer (a refusal, a filter's 403), decided in `call`.
+        Answered { response: Option<Response<M::Body<ResBody>>> },
         /// Admitted (or passed by a filter): the inner service is answering.
         Inner {
             #[pin]
             future: S::Future,
-            config: Arc<Config>,
-            admitted: Option<(Option<Decision>, Option<Vec<String>>)>,
+            finish: Option<Finish>,
         },
         Boxed { future: Boxed<M::Body<ResBody>, S::Error> },
         Done,
@@ -64,19 +62,48 @@ pin_project! {
 
 impl<S, ReqBody, ResBody, M> ResponseFuture<S, ReqBody, ResBody, M>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     M: BodyMode,
+    M::Body<ResBody>: LayerBody<ResBody> + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: 'static,
+    ReqBody: http_body::Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    ResBody: Send + 'static,
 {
-    pub(crate) fn new(config: Arc<Config>, inner: S, request: Request<ReqBody>) -> Self {
-        let (head, body) = request.into_parts();
-        ResponseFuture {
-            state: State::Start {
-                config: Some(config),
-                inner: Some(inner),
-                head: Some(head),
-                body: Some(body),
+    /// `call` of [`RateLimit`](super::RateLimit): filters, keys and the decision when none of
+    /// them waits, on the request's head in place; then the inner service, called on `ready`
+    /// (the instance polled ready) at once, or the layer's answer. A hit that must wait goes
+    /// to the async flow with `ready`, a clone taking its place.
+    pub(crate) fn start(config: &Arc<Config>, ready: &mut S, request: Request<ReqBody>) -> Self {
+        let (mut head, body) = request.into_parts();
+        let state = match flow::prepare(config, &mut head) {
+            Step::Answer(response) => State::Answered {
+                response: Some(response.map(M::Body::<ResBody>::full)),
             },
-        }
+            Step::Slow => {
+                let clone = ready.clone();
+                let inner = std::mem::replace(ready, clone);
+                let request = Request::from_parts(head, body);
+                State::Boxed {
+                    future: Box::pin(flow::slow(config.clone(), inner, request)),
+                }
+            }
+            Step::Pass => State::Inner {
+                future: ready.call(Request::from_parts(head, body)),
+                finish: None,
+            },
+            Step::Admit { decision, kept } => {
+                let finish = finish::needed(config, decision.as_ref(), kept.as_deref())
+                    .then(|| (config.clone(), decision, kept));
+                State::Inner {
+                    future: ready.call(Request::from_parts(head, body)),
+                    finish,
+                }
+            }
+        };
+        ResponseFuture { state }
     }
 }
 
@@ -87,9 +114,6 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send,
     S::Error: 'static,
-    ReqBody: http_body::Body + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     ResBody: Send + 'static,
 {
     type Output = Result<Response<M::Body<ResBody>>, S::Error>;
@@ -98,45 +122,12 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Start {
-                    config,
-                    inner,
-                    head,
-                    body,
-                } => {
-                    // Moved, not cloned: a clone is a write to the count every thread shares.
-                    let config = config.take().expect("started once");
-                    let (slow, admitted) =
-                        match flow::prepare(&config, head.as_mut().expect("started once")) {
-                            Step::Answer(response) => {
-                                state.set(State::Done);
-                                return Poll::Ready(Ok(response.map(M::Body::<ResBody>::full)));
-                            }
-                            Step::Slow => (true, None),
-                            Step::Pass => (false, None),
-                            Step::Admit { decision, kept } => (false, Some((decision, kept))),
-                        };
-                    let mut inner = inner.take().expect("started once");
-                    let request = Request::from_parts(
-                        head.take().expect("started once"),
-                        body.take().expect("started once"),
-                    );
-                    if slow {
-                        let future = Box::pin(flow::slow(config, inner, request));
-                        state.set(State::Boxed { future });
-                    } else {
-                        state.set(State::Inner {
-                            future: inner.call(request),
-                            config,
-                            admitted,
-                        });
-                    }
+                StateProj::Answered { response } => {
+                    let response = response.take().expect("answered once");
+                    state.set(State::Done);
+                    return Poll::Ready(Ok(response));
                 }
-                StateProj::Inner {
-                    future,
-                    config,
-                    admitted,
-                } => {
+                StateProj::Inner { future, finish } => {
                     let response = match future.poll(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Err(error)) => {
@@ -145,17 +136,17 @@ where
                         }
                         Poll::Ready(Ok(response)) => response,
                     };
-                    let Some((decision, kept)) = admitted.take() else {
+                    let Some((config, decision, kept)) = finish.take() else {
                         state.set(State::Done);
                         return Poll::Ready(Ok(response.map(M::Body::<ResBody>::inner)));
                     };
-                    match finish::finish_now(config, decision, kept, response) {
+                    match finish::finish_now(&config, decision, kept, response) {
                         Ok(response) => {
                             state.set(State::Done);
                             return Poll::Ready(Ok(response));
                         }
                         Err(unfinished) => {
-                            let later = finish::finish_later(config.clone(), unfinished);
+                            let later = finish::finish_later(config, unfinished);
                             let future: Boxed<M::Body<ResBody>, S::Error> =
                                 Box::pin(async move { Ok(later.await) });
                             state.set(State::Boxed { future });

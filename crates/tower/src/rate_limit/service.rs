@@ -13,8 +13,9 @@ use super::config::Config;
 use super::future::ResponseFuture;
 use super::mode::{BodyMode, LayerBody, Wrapped};
 
-/// Limits the requests of `S`. Readiness is `S`'s own: the hit is decided in the response
-/// future, so a limited client never holds up `poll_ready` for everyone else. `M` says
+/// Limits the requests of `S`. Readiness is `S`'s own: the hit is decided in `call` (or in
+/// the response future, when it must wait), never in `poll_ready`, so a limited client never
+/// holds up `poll_ready` for everyone else. `M` says
 /// which body its responses carry (see [`BodyMode`]).
 pub struct RateLimit<S, M = Wrapped> {
     inner: S,
@@ -79,9 +80,6 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The clone is not known to be ready; the instance that was polled ready is.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(self.config.clone(), inner, request)
+        ResponseFuture::start(&self.config, &mut self.inner, request)
     }
 }
