@@ -9,7 +9,8 @@
 //! id of eight digits: `sluice:api:user:00001234:100/m`, 30 bytes. `store_` scenarios hand
 //! them to the memory store directly; `limiter_` scenarios call `Limiter::try_check_now`
 //! with a policy handle and the selector `("user", "00001234")`, so the limiter writes the
-//! identifier on every call (`sluice:api:user:00001234:1000000000/s`, 37 bytes, when
+//! identifier on every call (`decision_` scenarios likewise through
+//! `Limiter::try_check_decision_now`, which answers without a clone of the handle) (`sluice:api:user:00001234:1000000000/s`, 37 bytes, when
 //! admitting; `...:1/m`, 27, when denying). governor's key is a `String` of the same
 //! identifier, so both sides hash and compare the same bytes.
 //!
@@ -74,6 +75,9 @@ enum Path {
     Store,
     /// `Limiter::try_check_now` on a policy handle and the selector value.
     Limiter,
+    /// `Limiter::try_check_decision_now`, the same check answering the decision alone
+    /// (no handle cloned into the answer).
+    Decision,
 }
 
 impl Path {
@@ -81,6 +85,7 @@ impl Path {
         match self {
             Path::Store => "store",
             Path::Limiter => "limiter",
+            Path::Decision => "decision",
         }
     }
 }
@@ -106,7 +111,7 @@ fn make_keys(n: usize, path: Path, limit: Limit) -> Keys {
         .map(|v| {
             let name = match path {
                 Path::Store => format!("sluice:api:user:{v}:100/m"),
-                Path::Limiter => format!(
+                Path::Limiter | Path::Decision => format!(
                     "sluice:api:{}",
                     limit.rule().replacen(':', &format!(":{v}:"), 1)
                 ),
@@ -161,6 +166,13 @@ impl Sluice {
             Path::Limiter => self
                 .limiter
                 .try_check_now(&self.policy, &[("user", &keys.values[i])], 1)
+                .expect("the memory store decides now")
+                .expect("the policy's selector is given")
+                .decision
+                .allowed(),
+            Path::Decision => self
+                .limiter
+                .try_check_decision_now(&self.policy, &[("user", &keys.values[i])], 1)
                 .expect("the memory store decides now")
                 .expect("the policy's selector is given")
                 .decision
@@ -394,7 +406,10 @@ fn callgrind(spec: &str) {
     let path = match path {
         "store" => Path::Store,
         "limiter" => Path::Limiter,
-        other => panic!("VS_GOVERNOR_CALLGRIND: path `store` or `limiter`, not {other:?}"),
+        "decision" => Path::Decision,
+        other => {
+            panic!("VS_GOVERNOR_CALLGRIND: path `store`, `limiter` or `decision`, not {other:?}")
+        }
     };
     let limit = match limit {
         "admit" => Limit::Admit,
@@ -546,7 +561,7 @@ fn main() {
             })
             .collect()
     });
-    for path in [Path::Store, Path::Limiter] {
+    for path in [Path::Store, Path::Limiter, Path::Decision] {
         for limit in [Limit::Admit, Limit::Deny] {
             for n in [1, 1_000, 1_000_000] {
                 if only.as_ref().is_none_or(|only| only.contains(&n)) {

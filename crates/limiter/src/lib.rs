@@ -62,7 +62,7 @@ pub use failure::{FailureMode, LimiterStats};
 pub use identifier::selector_value;
 pub use lease::{Acquired, Lease, LeaseId, Released, Reservation, Reserved};
 pub use limiter::{
-    Checked, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, PolicyWatch, Selectors,
+    Checked, Decided, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, PolicyWatch, Selectors,
 };
 pub use memory::{MemoryStats, MemoryStore};
 pub use policy::{CompiledLeaf, CompiledPolicy, Policy, PolicyError};

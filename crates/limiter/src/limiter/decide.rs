@@ -7,7 +7,7 @@ use std::time::Duration;
 use sluice_core::{Decision, Denial, Evaluation, Recording};
 
 use super::prefetch::Prefetched;
-use super::{Checked, Error, Limiter, PolicyRef, Selectors};
+use super::{Checked, Decided, Error, Limiter, PolicyRef, Selectors};
 use crate::failure::{Counters, FailureMode, STORE_PAUSE};
 use crate::identifier::{Identifier, Identifiers, push_value};
 use crate::policy::{CompiledLeaf, CompiledPolicy, GroupAt};
@@ -70,7 +70,7 @@ impl Limiter {
         if !self.store.is_remote()
             && let Some(decided) = self.decide_lean(&policy, selectors, cost, recording)
         {
-            return decided.map(|answer| answer.into_checked(policy));
+            return decided.map(|answer| answer.into_checked(policy, false));
         }
         let ask = match self.prepare(&policy, selectors, cost, recording)? {
             Prepared::Answered(decision) => return Ok(finish(policy, decision, true)),
@@ -93,7 +93,7 @@ impl Limiter {
         };
         let concluded = self.conclude(&policy, &ask, &hit, result);
         drop(ask);
-        concluded.map(|answer| answer.into_checked(policy))
+        concluded.map(|answer| answer.into_checked(policy, false))
     }
 
     /// [`Limiter::decide`] when the store can answer without waiting; `None` otherwise,
@@ -105,23 +105,48 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Option<Result<Checked, Error>> {
-        if let Some(decided) = self.decide_lean(&policy, selectors, cost, recording) {
-            return Some(decided.map(|answer| answer.into_checked(policy)));
+        let answered = self.answer_now(&policy, selectors, cost, recording)?;
+        Some(answered.map(|(answer, cached)| answer.into_checked(policy, cached)))
+    }
+
+    /// [`Limiter::decide_now`] answering the decision alone: `policy` is only borrowed.
+    pub(super) fn decided_now(
+        &self,
+        policy: &PolicyRef,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<Decided, Error>> {
+        let answered = self.answer_now(policy, selectors, cost, recording)?;
+        Some(answered.map(|(answer, cached)| answer.decided(policy, cached)))
+    }
+
+    /// What [`Limiter::decide_now`] answers, before it is dressed as a [`Checked`] or a
+    /// [`Decided`]: the answer, and whether it came without the store.
+    fn answer_now(
+        &self,
+        policy: &PolicyRef,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        recording: Recording,
+    ) -> Option<Result<(Answer, bool), Error>> {
+        if let Some(decided) = self.decide_lean(policy, selectors, cost, recording) {
+            return Some(decided.map(|answer| (answer, false)));
         }
-        let ask = match self.prepare(&policy, selectors, cost, recording) {
-            Ok(Prepared::Answered(decision)) => return Some(Ok(finish(policy, decision, true))),
+        let ask = match self.prepare(policy, selectors, cost, recording) {
+            Ok(Prepared::Answered(decision)) => return Some(Ok((Answer::plain(decision), true))),
             Ok(Prepared::Ask(ask)) => ask,
             Err(error) => return Some(Err(error)),
         };
-        let hit = ask.hit(&policy, cost, recording);
+        let hit = ask.hit(policy, cost, recording);
         let result = if ask.paused.load(Ordering::Relaxed) {
             Err(paused())
         } else {
             self.store.try_decide_now(&hit)?
         };
-        let concluded = self.conclude(&policy, &ask, &hit, result);
+        let concluded = self.conclude(policy, &ask, &hit, result);
         drop(ask);
-        Some(concluded.map(|answer| answer.into_checked(policy)))
+        Some(concluded.map(|answer| (answer, false)))
     }
 
     /// Everything before the store: identifiers, the near cache, the pause after an error.
@@ -260,11 +285,39 @@ pub(super) struct Answer {
 }
 
 impl Answer {
-    pub(super) fn into_checked(self, policy: PolicyRef) -> Checked {
-        let mut checked = finish(policy, self.decision, false);
+    fn plain(decision: Decision) -> Answer {
+        Answer {
+            decision,
+            without_store: None,
+        }
+    }
+
+    pub(super) fn into_checked(self, policy: PolicyRef, cached: bool) -> Checked {
+        let mut checked = finish(policy, self.decision, cached);
         checked.without_store = self.without_store;
         checked
     }
+
+    /// The answer as [`Answer::into_checked`] dresses it, without the handle.
+    fn decided(self, policy: &CompiledPolicy, cached: bool) -> Decided {
+        let (decision, shadow_denied) = shadowed(policy, self.decision);
+        Decided {
+            decision,
+            shadow_denied,
+            cached,
+            without_store: self.without_store,
+        }
+    }
+}
+
+/// A shadow policy's denial reported, not enforced: the decision to act on, and whether the
+/// policy would have denied.
+fn shadowed(policy: &CompiledPolicy, mut decision: Decision) -> (Decision, bool) {
+    let shadow_denied = policy.policy.shadow && !decision.allowed();
+    if shadow_denied {
+        decision.denial = None;
+    }
+    (decision, shadow_denied)
 }
 
 pub(super) fn paused() -> StoreError {
@@ -272,11 +325,8 @@ pub(super) fn paused() -> StoreError {
 }
 
 /// The answer the caller acts on: a shadow policy's denial is reported, not enforced.
-pub(super) fn finish(policy: PolicyRef, mut decision: Decision, cached: bool) -> Checked {
-    let shadow_denied = policy.policy.shadow && !decision.allowed();
-    if shadow_denied {
-        decision.denial = None;
-    }
+pub(super) fn finish(policy: PolicyRef, decision: Decision, cached: bool) -> Checked {
+    let (decision, shadow_denied) = shadowed(&policy, decision);
     Checked {
         decision,
         shadow_denied,

@@ -72,6 +72,14 @@ impl PolicyWatch {
         &self.name
     }
 
+    /// The handle [`Limiter::watch`](crate::Limiter::watch) found, borrowed, if it was found
+    /// for `limiter` at `generation` (`Some(None)`: the name was unknown then).
+    pub(crate) fn first_seen(&self, limiter: u64, generation: u64) -> Option<Option<&PolicyRef>> {
+        let first = &self.first;
+        (first.limiter == limiter && first.generation == generation)
+            .then_some(first.policy.as_ref())
+    }
+
     /// The handle found for `limiter` at `generation`, if that is what was seen last
     /// (`Some(None)`: the name was unknown then).
     pub(crate) fn seen(&self, limiter: u64, generation: u64) -> Option<Option<PolicyRef>> {

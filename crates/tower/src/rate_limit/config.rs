@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sluice_limiter::{Checked, Error, Limiter, PolicyWatch, Selectors};
+use sluice_limiter::{Decided, Error, Limiter, PolicyWatch, Selectors};
 
 use crate::challenge::Challenge;
 use crate::denied::Hooks;
@@ -24,11 +24,11 @@ pub(crate) fn try_now(
     selectors: &Selectors<'_>,
     cost: u64,
     peek: bool,
-) -> Option<Result<Checked, Error>> {
+) -> Option<Result<Decided, Error>> {
     if peek {
-        limiter.try_peek_now(policy, selectors, cost)
+        limiter.try_peek_decision_now(policy, selectors, cost)
     } else {
-        limiter.try_check_now(policy, selectors, cost)
+        limiter.try_check_decision_now(policy, selectors, cost)
     }
 }
 

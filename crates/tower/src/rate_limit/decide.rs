@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use sluice_core::Decision;
+use sluice_limiter::Decided;
 
 use super::answer::{failed, refusal, unavailable};
 use super::challenge::{offer, solved, verify};
@@ -44,7 +45,7 @@ pub(super) fn before_now(ctx: &Ctx<'_>) -> Option<Before> {
 }
 
 /// An admitted hit: feeds the header fields, tells the audit hook about a shadow denial.
-pub(super) fn admit(ctx: &Ctx<'_>, checked: sluice_limiter::Checked, peek: bool) -> Before {
+pub(super) fn admit(ctx: &Ctx<'_>, checked: Decided, peek: bool) -> Before {
     if checked.shadow_denied {
         shadow_denied(ctx, &checked.decision);
     }
@@ -61,7 +62,7 @@ pub(super) fn admit(ctx: &Ctx<'_>, checked: sluice_limiter::Checked, peek: bool)
 fn count_refused(
     ctx: &Ctx<'_>,
     peeked: Decision,
-    counted: Option<Result<sluice_limiter::Checked, sluice_limiter::Error>>,
+    counted: Option<Result<Decided, sluice_limiter::Error>>,
 ) -> Result<Before, Decision> {
     match counted {
         Some(Ok(checked)) if checked.decision.allowed() => Ok(Before::Admit {
@@ -91,8 +92,10 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
         // A store in this process answers at once: no future to allocate.
         let result = match try_now(limiter, &config.policy, ctx.selectors, 1, peek) {
             Some(result) => result,
-            None if peek => limiter.peek(&config.policy, ctx.selectors, 1).await,
-            None => limiter.check(&config.policy, ctx.selectors, 1).await,
+            None if peek => {
+                (limiter.peek(&config.policy, ctx.selectors, 1).await).map(Decided::from)
+            }
+            None => (limiter.check(&config.policy, ctx.selectors, 1).await).map(Decided::from),
         };
         let checked = match result {
             Ok(checked) => checked,
@@ -126,7 +129,7 @@ pub(super) async fn before(ctx: &Ctx<'_>) -> Before {
         let mut counted = !peek;
         if peek && reason == Reason::Limited {
             let result = limiter.check(&config.policy, ctx.selectors, 1).await;
-            match count_refused(ctx, decision, Some(result)) {
+            match count_refused(ctx, decision, Some(result.map(Decided::from))) {
                 Ok(admitted) => return admitted,
                 Err(refused) => decision = refused,
             }

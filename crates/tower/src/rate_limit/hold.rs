@@ -49,7 +49,7 @@ pub(super) async fn before_holding(ctx: &Ctx<'_>) -> (Before, Option<Held>) {
         Err(error) => return (failed(ctx, &error), None),
     };
     if checked.decision.allowed() {
-        return (admit(ctx, checked, false), held);
+        return (admit(ctx, checked.into(), false), held);
     }
     if Reason::of(&checked.decision).is_none() {
         return (unavailable(ctx, &checked.decision), None);
