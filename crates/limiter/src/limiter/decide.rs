@@ -105,6 +105,9 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Option<Result<Checked, Error>> {
+        if let Some(decided) = self.decide_lean(&policy, selectors, cost, recording) {
+            return Some(decided.map(|answer| answer.into_checked(policy, false)));
+        }
         let answered = self.answer_now(&policy, selectors, cost, recording)?;
         Some(answered.map(|(answer, cached)| answer.into_checked(policy, cached)))
     }
@@ -117,12 +120,17 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Option<Result<Decided, Error>> {
+        if let Some(decided) = self.decide_lean(policy, selectors, cost, recording) {
+            return Some(decided.map(|answer| answer.decided(policy, false)));
+        }
         let answered = self.answer_now(policy, selectors, cost, recording)?;
         Some(answered.map(|(answer, cached)| answer.decided(policy, cached)))
     }
 
-    /// What [`Limiter::decide_now`] answers, before it is dressed as a [`Checked`] or a
-    /// [`Decided`]: the answer, and whether it came without the store.
+    /// What [`Limiter::decide_now`] answers off the lean path, before it is dressed as a
+    /// [`Checked`] or a [`Decided`]: the answer, and whether it came without the store. (The
+    /// lean path answers through neither this nor a tuple: on a hot path every move of a
+    /// result is a copy.)
     fn answer_now(
         &self,
         policy: &PolicyRef,
@@ -130,9 +138,6 @@ impl Limiter {
         cost: u64,
         recording: Recording,
     ) -> Option<Result<(Answer, bool), Error>> {
-        if let Some(decided) = self.decide_lean(policy, selectors, cost, recording) {
-            return Some(decided.map(|answer| (answer, false)));
-        }
         let ask = match self.prepare(policy, selectors, cost, recording) {
             Ok(Prepared::Answered(decision)) => return Some(Ok((Answer::plain(decision), true))),
             Ok(Prepared::Ask(ask)) => ask,
