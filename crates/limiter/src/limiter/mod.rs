@@ -374,10 +374,7 @@ impl Limiter {
         selectors: &Selectors<'_>,
         cost: u64,
     ) -> Option<Result<Decided, Error>> {
-        let decided = self.with_policy(policy.into(), |policy| {
-            self.decided_now(policy, selectors, cost, counting(policy))
-        });
-        decided.unwrap_or_else(|error| Some(Err(error)))
+        self.decision_now(policy.into(), selectors, cost, false)
     }
 
     /// [`Limiter::try_peek_now`] answering the decision alone, as
@@ -388,8 +385,24 @@ impl Limiter {
         selectors: &Selectors<'_>,
         cost: u64,
     ) -> Option<Result<Decided, Error>> {
-        let decided = self.with_policy(policy.into(), |policy| {
-            self.decided_now(policy, selectors, cost, Recording::Never)
+        self.decision_now(policy.into(), selectors, cost, true)
+    }
+
+    /// What both answer: a peek records nothing, a check what the policy counts.
+    fn decision_now(
+        &self,
+        policy: PolicyArg<'_>,
+        selectors: &Selectors<'_>,
+        cost: u64,
+        peek: bool,
+    ) -> Option<Result<Decided, Error>> {
+        let decided = self.with_policy(policy, |policy| {
+            let recording = if peek {
+                Recording::Never
+            } else {
+                counting(policy)
+            };
+            self.decided_now(policy, selectors, cost, recording)
         });
         decided.unwrap_or_else(|error| Some(Err(error)))
     }
