@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use sluice_core::algorithm::sliding_window::Counters as Windows;
@@ -30,8 +31,9 @@ use sluice_core::{Quota, State};
 use tokio::sync::oneshot;
 
 use crate::MemcachedError;
+use crate::commands::StoreReply;
 use crate::key::Keys;
-use crate::leaf::{Judged, Recorded, count};
+use crate::leaf::{Judged, Recorded, count, counter_record};
 use crate::pool::Deadline;
 use crate::stats::Counters;
 use crate::store::Inner;
@@ -58,18 +60,46 @@ type Waiting = HashMap<(String, Quota), Vec<Pending>>;
 pub(crate) struct Combiner {
     shards: Box<[Mutex<Waiting>]>,
     hasher: RandomState,
+    /// Counters this process has lately read or made, by hash: a direct-mapped table whose
+    /// slot holds the hash of the counter last seen there. A batch whose counter is not
+    /// known guesses it absent (see [`read_window`]). Wrong only in cost: a counter whose
+    /// slot another took is guessed absent once more (an `add` that fails), one known but
+    /// since expired or evicted is read, then added, as without guessing.
+    known: Box<[AtomicU64]>,
 }
+
+/// Slots of [`Combiner::known`]: 64 KiB.
+const KNOWN_SLOTS: usize = 8192;
 
 impl Combiner {
     pub fn new(shards: usize) -> Combiner {
         Combiner {
             shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
+            known: (0..KNOWN_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    fn shard(&self, key: &(String, Quota)) -> &Mutex<Waiting> {
-        &self.shards[self.hasher.hash_one(key) as usize % self.shards.len()]
+    fn hash(&self, key: &(String, Quota)) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Waiting> {
+        &self.shards[hash as usize % self.shards.len()]
+    }
+
+    fn known_slot(&self, hash: u64) -> &AtomicU64 {
+        // The high bits: the low ones pick the shard.
+        &self.known[(hash >> 32) as usize % KNOWN_SLOTS]
+    }
+
+    /// Whether the counter of `hash` was lately read or made here.
+    fn is_known(&self, hash: u64) -> bool {
+        self.known_slot(hash).load(Ordering::Relaxed) == hash
+    }
+
+    fn remember(&self, hash: u64) {
+        self.known_slot(hash).store(hash, Ordering::Relaxed);
     }
 }
 
@@ -78,6 +108,7 @@ struct Collecting<'a> {
     inner: &'a Arc<Inner>,
     counter: &'a Counter,
     key: Option<(String, Quota)>,
+    hash: u64,
 }
 
 impl Collecting<'_> {
@@ -88,7 +119,7 @@ impl Collecting<'_> {
         };
         self.inner
             .windows
-            .shard(&key)
+            .shard(self.hash)
             .lock()
             .remove(&key)
             .unwrap_or_default()
@@ -125,8 +156,9 @@ impl Inner {
             deadline,
             reply,
         };
+        let hash = self.windows.hash(&key);
         let lead = {
-            let mut waiting = self.windows.shard(&key).lock();
+            let mut waiting = self.windows.shard(hash).lock();
             match waiting.get_mut(&key) {
                 Some(queue) => {
                     queue.push(pending);
@@ -148,10 +180,17 @@ impl Inner {
                 inner: self,
                 counter: &counter,
                 key: Some(key),
+                hash,
             };
             // Hits on this counter that come while the window is read join the batch; it
-            // closes when the read is back.
-            let read = read_window(self, &counter, deadline).await;
+            // closes when the read is back. A counter not lately seen here is guessed
+            // absent (an identifier's first hit, or a sub-window's).
+            let guess = (cost <= quota.limit() && !self.windows.is_known(hash))
+                .then_some(Guess { now, cost });
+            let read = read_window(self, &counter, guess, deadline).await;
+            if read.is_ok() {
+                self.windows.remember(hash);
+            }
             let joined = collecting.take();
             let mut batch = vec![pending];
             batch.extend(joined);
@@ -188,7 +227,7 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         return;
     };
-    match read_window(inner, counter, deadline).await {
+    match read_window(inner, counter, None, deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),
     }
@@ -205,6 +244,14 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
             .send(Err(MemcachedError::Timeout(hit.deadline.budget)));
     }
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
+        if let Some(guessed) = read.guessed {
+            // Every hit is late, the one whose cost the read's guess added too: give it back.
+            let key = counter.keys.window(counter.current);
+            let deadline = Deadline::after(inner.timeout);
+            inner
+                .decrement(&counter.keys, &key, guessed, deadline)
+                .await;
+        }
         return;
     };
     let costs: Vec<(u64, u64)> = hits.iter().map(|h| (h.now, h.cost)).collect();
@@ -224,11 +271,28 @@ struct Window {
     counts: Vec<u64>,
     ahead: u64,
     present: bool,
+    /// The cost the read's guess added, when the counter was absent: the counter was then
+    /// created holding that cost alone.
+    guessed: Option<u64>,
 }
 
+/// A batch's first hit, counted with the read if the current counter is absent.
+#[derive(Clone, Copy)]
+struct Guess {
+    now: u64,
+    cost: u64,
+}
+
+/// Reads the window. With a `guess`, the `add` of the current counter holding the guessed
+/// cost goes in the same round trip, behind the `get`: memcached stores it only if the
+/// counter is absent when it comes (a sub-window's first hit, an identifier's first), and
+/// then the batch is one round trip, not two (`get`, then `add`). A counter that exists
+/// makes the `add` fail, and the batch goes on as without a guess; the guess cost the
+/// `add` and its `|m` record's few bytes.
 async fn read_window(
     inner: &Arc<Inner>,
     counter: &Counter,
+    guess: Option<Guess>,
     deadline: Deadline,
 ) -> Result<Window, MemcachedError> {
     let Counter {
@@ -241,10 +305,28 @@ async fn read_window(
     let oldest = (current + 1).saturating_sub(g);
     // The next sub-window too: app servers whose clocks run ahead count into it.
     let names: Vec<String> = (oldest..=current + 1).map(|n| keys.window(n)).collect();
-    let read = inner
-        .pool
-        .get_in_order(keys.route(), &names, deadline)
-        .await?;
+    let (read, guessed) = match guess {
+        None => {
+            let read = inner.pool.get_in_order(keys.route(), &names, deadline);
+            (read.await?, None)
+        }
+        Some(Guess { now, cost }) => {
+            let (expiry, meta) = counter_record(quota, current, now);
+            let key = &names[names.len() - 2];
+            let (read, added) = inner
+                .pool
+                .get_and_add_with(
+                    keys.route(),
+                    &names,
+                    (key, cost.to_string().as_bytes()),
+                    (&keys.meta(), meta.as_bytes()),
+                    expiry,
+                    deadline,
+                )
+                .await?;
+            (read, Some((added == StoreReply::Stored).then_some(cost)))
+        }
+    };
     let ceiling = quota.limit().saturating_mul(2);
     // Oldest first, g of them (sub-windows before number 0 count nothing).
     let mut counts = Vec::with_capacity(g as usize + 1);
@@ -259,7 +341,9 @@ async fn read_window(
     Ok(Window {
         counts,
         ahead,
-        present: read[names.len() - 2].is_some(),
+        // A guess that was not stored found the counter there.
+        present: read[names.len() - 2].is_some() || guessed == Some(None),
+        guessed: guessed.flatten(),
     })
 }
 
@@ -283,6 +367,7 @@ async fn judge_batch(
         mut counts,
         ahead,
         present,
+        guessed,
     } = read;
     // The next sub-window's hits are taken as this one's: never too few.
     let last = counts.len() - 1;
@@ -304,20 +389,34 @@ async fn judge_batch(
             after: None,
         });
     }
-    if planned == 0 {
-        return Ok(judged);
-    }
-    let now = hits[0].0;
-    let total = inner
-        .increment(keys, current, &quota, now, planned, present, deadline)
-        .await?;
+    // What this batch has added to the counter, and the counter's total right after.
+    let (added, total) = match guessed {
+        // The guess created the counter with its cost: the total was that alone.
+        Some(guess) if guess >= planned => (guess, guess),
+        Some(guess) => {
+            let now = hits[0].0;
+            let more = planned - guess;
+            let total = inner
+                .increment(keys, current, &quota, now, more, true, deadline)
+                .await?;
+            (planned, total)
+        }
+        None if planned == 0 => return Ok(judged),
+        None => {
+            let now = hits[0].0;
+            let total = inner
+                .increment(keys, current, &quota, now, planned, present, deadline)
+                .await?;
+            (planned, total)
+        }
+    };
     // What others had counted when ours arrived.
-    let others = if total < planned {
+    let others = if total < added {
         // Below what we just added: a wrapped or foreign value. Deny, and let it expire.
         Counters::bump(&inner.pool.counters.wrapped);
         ceiling
     } else {
-        (total - planned).min(ceiling)
+        (total - added).min(ceiling)
     };
 
     // Second judgement, on the total: the hits kept so far count for the later ones.
@@ -338,8 +437,8 @@ async fn judge_batch(
             j.after = Some(state(&counts));
         }
     }
-    if kept < planned {
-        inner.decrement(keys, &key, planned - kept, deadline).await;
+    if kept < added {
+        inner.decrement(keys, &key, added - kept, deadline).await;
     }
     Ok(judged)
 }

@@ -230,6 +230,35 @@ impl Pool {
         stored(self, route, Verb::Add, first)
     }
 
+    /// `get` of `keys`, then `add` of a counter and `set` of another key (as
+    /// [`Pool::add_with`]), pipelined in one round trip: the value of each key read, in the
+    /// order asked, and how the `add` ended (stored only if the counter was absent when it
+    /// came, after the `get`).
+    pub async fn get_and_add_with(
+        &self,
+        route: &str,
+        keys: &[String],
+        (key, value): (&str, &[u8]),
+        (other, other_value): (&str, &[u8]),
+        exptime: u32,
+        deadline: Deadline,
+    ) -> Result<(Vec<Option<Vec<u8>>>, StoreReply), MemcachedError> {
+        let mut requests = get_requests(keys);
+        let mut add = Vec::with_capacity(key.len() + value.len() + 40);
+        protocol::store(&mut add, Verb::Add, key, exptime, value);
+        let mut set = Vec::with_capacity(other.len() + other_value.len() + 40);
+        protocol::store(&mut set, Verb::Set, other, exptime, other_value);
+        requests.push((add, Expect::Stored));
+        requests.push((set, Expect::Stored));
+        let mut replies = self.call(route, requests, deadline).await?;
+        let (Some(set), Some(added)) = (replies.pop(), replies.pop()) else {
+            return Err(protocol(self, route, "fewer replies than requests".into()));
+        };
+        stored(self, route, Verb::Set, &set)?;
+        let added = stored(self, route, Verb::Add, &added)?;
+        Ok((self.found_in_order(route, keys, replies)?, added))
+    }
+
     /// `get` of `keys` and `incr` of `key` by `by`, pipelined in one round trip: the value
     /// of each key, in the order asked, and the new count (`None` if `key` is absent).
     pub async fn get_and_incr(

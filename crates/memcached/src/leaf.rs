@@ -97,6 +97,17 @@ pub struct Judged {
     pub after: Option<State>,
 }
 
+/// What a sliding-window counter of sub-window `number` is created with at `now`: its
+/// expiry, and the identifier's `|m` record (`<sub-window ns> <sub-windows>`, how a reset
+/// finds the counters), written beside it.
+pub(crate) fn counter_record(quota: &Quota, number: u64, now: u64) -> (u32, String) {
+    let sub = quota.sub_window_ticks();
+    let g = u64::from(quota.windows());
+    // Counted until sub-window `number + g` starts; one more for callers whose clocks lag.
+    let expiry = exptime((number + g + 1).saturating_mul(sub), now);
+    (expiry, format!("{sub} {g}"))
+}
+
 /// Whether memcached can hold this quota's state.
 pub fn supported(quota: &Quota) -> Result<(), MemcachedError> {
     match quota.algorithm() {
@@ -442,11 +453,7 @@ impl Inner {
     ) -> Result<u64, MemcachedError> {
         let route = keys.route();
         let key = keys.window(number);
-        let sub = quota.sub_window_ticks();
-        let g = u64::from(quota.windows());
-        // Counted until sub-window `number + g` starts; one more for callers whose clocks lag.
-        let expiry = exptime((number + g + 1).saturating_mul(sub), now);
-        let meta = format!("{sub} {g}");
+        let (expiry, meta) = counter_record(quota, number, now);
         for _ in 0..VANISH_TRIES {
             if present {
                 if let Some(total) = self.pool.incr(route, &key, by, true, deadline).await? {

@@ -316,7 +316,7 @@ async fn a_lone_decision_takes_the_round_trips_it_should() {
     let clock = ManualClock::new(SystemClock::new().now() / sub * sub + sub / 2);
     let store = MemcachedStore::builder(&format!("{url}?connections=1"))
         .timeout(Duration::from_secs(10))
-        .clock(clock)
+        .clock(clock.clone())
         .connect()
         .await
         .unwrap();
@@ -337,17 +337,42 @@ async fn a_lone_decision_takes_the_round_trips_it_should() {
         assert!(!allowed.unwrap(), "the third of 2/h");
     }
 
-    // Sliding window: one read of the window, then the `incr` (`add` and a `set` of the
-    // identifier's record for a sub-window's first hit); a refusal is the read alone.
+    // Sliding window: a counter this process has not seen is guessed absent, its `add`
+    // (and a `set` of the identifier's record) sent with the read of the window: a
+    // sub-window's first hit is one round trip. Then one read, then the `incr`; a refusal
+    // is the read alone.
     let window = quota(Algorithm::SlidingWindow, 2);
     let id = "ns:k:user:window:2/h";
     let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
     assert!(allowed.unwrap());
-    assert_eq!(n, [2, 1, 0, 0, 0, 1], "a sub-window's first hit");
+    assert_eq!(n, [1, 1, 0, 0, 0, 1], "a sub-window's first hit");
     let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
     assert!(allowed.unwrap());
     assert_eq!(n, [2, 0, 0, 1, 0, 1], "a hit that fits");
     let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
     assert!(!allowed.unwrap());
     assert_eq!(n, [1, 0, 0, 0, 0, 1], "a refusal");
+    // The next sub-window's first hit is guessed absent too and counted with the read,
+    // which shows the window full: it gives its cost back (`decr`), leaving the new counter
+    // at zero, and is refused.
+    clock.advance(Duration::from_nanos(sub));
+    let (n, allowed) = counting(&relay, hit(&store, id, window)).await;
+    assert!(!allowed.unwrap());
+    assert_eq!(n, [2, 1, 0, 0, 1, 1], "a guess the window refuses");
+    let counter = format!("{id}|w{}", clock.now() / sub);
+    assert_eq!(memcached.raw(&format!("incr {counter} 0")).unwrap(), "0");
+    // A counter guessed absent that exists (made by another process) is counted by `incr`
+    // after the read, as without a guess.
+    let other = "ns:k:user:other:2/h";
+    let counter = format!("{other}|w{}", clock.now() / sub);
+    assert_eq!(
+        memcached.raw(&format!("set {counter} 0 0 1\r\n1")).unwrap(),
+        "STORED"
+    );
+    let (n, allowed) = counting(&relay, hit(&store, other, window)).await;
+    assert!(allowed.unwrap());
+    assert_eq!(n, [2, 1, 0, 1, 0, 1], "a guess that found the counter");
+    assert_eq!(memcached.raw(&format!("incr {counter} 0")).unwrap(), "2");
+    let (_, allowed) = counting(&relay, hit(&store, other, window)).await;
+    assert!(!allowed.unwrap(), "the third of 2/h");
 }

@@ -147,8 +147,10 @@ async fn a_state_gone_between_read_and_write_is_an_eviction() {
 
 #[tokio::test]
 async fn a_counter_gone_between_read_and_incr_is_an_eviction() {
-    // The window's `get` finds the current sub-window at 5; `incr` finds it gone.
-    let script: Script = Arc::new(|command, _| {
+    // The window's `get` finds the current sub-window at 5 (so the `add` guessing it absent
+    // fails); `incr` finds it gone.
+    let adds = Arc::new(Mutex::new(0));
+    let script: Script = Arc::new(move |command, _| {
         let words: Vec<&str> = command.split(' ').collect();
         match words[0] {
             "get" if words.len() > 2 => {
@@ -157,7 +159,16 @@ async fn a_counter_gone_between_read_and_incr_is_an_eviction() {
                 format!("VALUE {current} 0 1\r\n5\r\nEND\r\n").into_bytes()
             }
             "incr" => b"NOT_FOUND\r\n".to_vec(),
-            "add" | "set" => b"STORED\r\n".to_vec(),
+            "add" => {
+                let mut adds = adds.lock().unwrap();
+                *adds += 1;
+                if *adds == 1 {
+                    b"NOT_STORED\r\n".to_vec()
+                } else {
+                    b"STORED\r\n".to_vec()
+                }
+            }
+            "set" => b"STORED\r\n".to_vec(),
             _ => b"END\r\n".to_vec(),
         }
     });
