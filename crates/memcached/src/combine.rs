@@ -52,6 +52,8 @@ struct Counter {
     keys: Keys,
     quota: Quota,
     current: u64,
+    /// Of the batch's key, for [`Combiner::remember`].
+    hash: u64,
 }
 
 /// Hits waiting, by counter key; a key is present while a batch of it gathers.
@@ -61,10 +63,12 @@ pub(crate) struct Combiner {
     shards: Box<[Mutex<Waiting>]>,
     hasher: RandomState,
     /// Counters this process has lately read or made, by hash: a direct-mapped table whose
-    /// slot holds the hash of the counter last seen there. A batch whose counter is not
-    /// known guesses it absent (see [`read_window`]). Wrong only in cost: a counter whose
-    /// slot another took is guessed absent once more (an `add` that fails), one known but
-    /// since expired or evicted is read, then added, as without guessing.
+    /// slot holds the hash of the counter last seen there, its lowest bit replaced by
+    /// whether the window had room left then. A batch guesses from it (see [`read_window`]):
+    /// a counter not known is guessed absent, one known with room is counted with the read,
+    /// one known without room is read first. Wrong only in cost: a counter whose slot
+    /// another took is guessed absent once more (an `add` that fails), one known but since
+    /// expired or evicted is read, then added, as without guessing.
     known: Box<[AtomicU64]>,
 }
 
@@ -93,13 +97,20 @@ impl Combiner {
         &self.known[(hash >> 32) as usize % KNOWN_SLOTS]
     }
 
-    /// Whether the counter of `hash` was lately read or made here.
-    fn is_known(&self, hash: u64) -> bool {
-        self.known_slot(hash).load(Ordering::Relaxed) == hash
+    /// What a batch of the counter of `hash` guesses: how it was last seen here, if lately.
+    fn guess(&self, hash: u64, now: u64, cost: u64) -> Guess {
+        let seen = self.known_slot(hash).load(Ordering::Relaxed);
+        match (seen | 1 == hash | 1, seen & 1 == 1) {
+            (false, _) => Guess::Absent { now, cost },
+            (true, true) => Guess::Roomy { cost },
+            (true, false) => Guess::Full,
+        }
     }
 
-    fn remember(&self, hash: u64) {
-        self.known_slot(hash).store(hash, Ordering::Relaxed);
+    /// Notes the counter of `hash` as seen, with room left in its window or not.
+    fn remember(&self, hash: u64, roomy: bool) {
+        let seen = (hash & !1) | u64::from(roomy);
+        self.known_slot(hash).store(seen, Ordering::Relaxed);
     }
 }
 
@@ -174,6 +185,7 @@ impl Inner {
             keys: keys.clone(),
             quota: *quota,
             current,
+            hash,
         };
         if let Some(pending) = lead {
             let mut collecting = Collecting {
@@ -183,14 +195,14 @@ impl Inner {
                 hash,
             };
             // Hits on this counter that come while the window is read join the batch; it
-            // closes when the read is back. A counter not lately seen here is guessed
-            // absent (an identifier's first hit, or a sub-window's).
-            let guess = (cost <= quota.limit() && !self.windows.is_known(hash))
-                .then_some(Guess { now, cost });
+            // closes when the read is back. The read guesses from how this process last
+            // saw the counter (see `read_window`).
+            let guess = if cost <= quota.limit() {
+                self.windows.guess(hash, now, cost)
+            } else {
+                Guess::Full
+            };
             let read = read_window(self, &counter, guess, deadline).await;
-            if read.is_ok() {
-                self.windows.remember(hash);
-            }
             let joined = collecting.take();
             let mut batch = vec![pending];
             batch.extend(joined);
@@ -227,7 +239,7 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         return;
     };
-    match read_window(inner, counter, None, deadline).await {
+    match read_window(inner, counter, Guess::Full, deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),
     }
@@ -244,12 +256,12 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
             .send(Err(MemcachedError::Timeout(hit.deadline.budget)));
     }
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
-        if let Some(guessed) = read.guessed {
-            // Every hit is late, the one whose cost the read's guess added too: give it back.
+        if let Some(counted) = read.counted {
+            // Every hit is late, the one the read counted too: give it back.
             let key = counter.keys.window(counter.current);
             let deadline = Deadline::after(inner.timeout);
             inner
-                .decrement(&counter.keys, &key, guessed, deadline)
+                .decrement(&counter.keys, &key, counted.cost, deadline)
                 .await;
         }
         return;
@@ -257,6 +269,14 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
     let costs: Vec<(u64, u64)> = hits.iter().map(|h| (h.now, h.cost)).collect();
     match judge_batch(inner, counter, read, &costs, deadline).await {
         Ok(judged) => {
+            // Room left: every hit admitted, and an eighth of the limit (at least one hit)
+            // still free after the last.
+            let headroom = (counter.quota.limit() / 8).max(1);
+            let roomy = judged.iter().all(|j| j.verdict.allowed)
+                && judged
+                    .last()
+                    .is_some_and(|j| j.verdict.remaining >= headroom);
+            inner.windows.remember(counter.hash, roomy);
             for (hit, judged) in hits.into_iter().zip(judged) {
                 let _ = hit.reply.send(Ok(judged));
             }
@@ -271,48 +291,63 @@ struct Window {
     counts: Vec<u64>,
     ahead: u64,
     present: bool,
-    /// The cost the read's guess added, when the counter was absent: the counter was then
-    /// created holding that cost alone.
-    guessed: Option<u64>,
+    /// What the read's guess counted already: the batch's first hit's cost, and the
+    /// counter's total right after it was added.
+    counted: Option<Counted>,
 }
 
-/// A batch's first hit, counted with the read if the current counter is absent.
 #[derive(Clone, Copy)]
-struct Guess {
-    now: u64,
+struct Counted {
     cost: u64,
+    total: u64,
 }
 
-/// Reads the window. With a `guess`, the `add` of the current counter holding the guessed
-/// cost goes in the same round trip, behind the `get`: memcached stores it only if the
-/// counter is absent when it comes (a sub-window's first hit, an identifier's first), and
-/// then the batch is one round trip, not two (`get`, then `add`). A counter that exists
-/// makes the `add` fail, and the batch goes on as without a guess; the guess cost the
-/// `add` and its `|m` record's few bytes.
+/// How a batch reads its window, from how this process last saw the counter.
+#[derive(Clone, Copy)]
+enum Guess {
+    /// Not seen lately: absent (an identifier's first hit, or a sub-window's), so the
+    /// counter is added holding the first hit's cost, with the read.
+    Absent { now: u64, cost: u64 },
+    /// Seen with room left: the first hit's cost is added to it with the read (`incr`).
+    Roomy { cost: u64 },
+    /// Seen full (or the hit cannot fit): the read alone, so a refusal writes nothing.
+    Full,
+}
+
+/// Reads the window, counting the batch's first hit in the same round trip where the
+/// guess says it should fit, so such a batch is one round trip, not two (a read, then an
+/// `add` or `incr`). The `add` of a guessed-absent counter goes behind the `get`, and
+/// memcached stores it only if the counter is absent when it comes; one that exists makes
+/// it fail, and the batch goes on as without a guess (the guess cost the `add` and its
+/// `|m` record's few bytes). The `incr` of a counter guessed roomy counts the hit whatever
+/// the window says; a batch whose hit the window then refuses gives it back with a `decr`,
+/// as a hit denied on the total `incr` returns always has.
 async fn read_window(
     inner: &Arc<Inner>,
     counter: &Counter,
-    guess: Option<Guess>,
+    guess: Guess,
     deadline: Deadline,
 ) -> Result<Window, MemcachedError> {
     let Counter {
         keys,
         quota,
         current,
+        ..
     } = counter;
     let current = *current;
     let g = u64::from(quota.windows());
     let oldest = (current + 1).saturating_sub(g);
     // The next sub-window too: app servers whose clocks run ahead count into it.
     let names: Vec<String> = (oldest..=current + 1).map(|n| keys.window(n)).collect();
-    let (read, guessed) = match guess {
-        None => {
+    let key = &names[names.len() - 2];
+    // `found`: the counter is there, whatever the read saw before the write behind it.
+    let (read, counted, found) = match guess {
+        Guess::Full => {
             let read = inner.pool.get_in_order(keys.route(), &names, deadline);
-            (read.await?, None)
+            (read.await?, None, false)
         }
-        Some(Guess { now, cost }) => {
+        Guess::Absent { now, cost } => {
             let (expiry, meta) = counter_record(quota, current, now);
-            let key = &names[names.len() - 2];
             let (read, added) = inner
                 .pool
                 .get_and_add_with(
@@ -324,7 +359,17 @@ async fn read_window(
                     deadline,
                 )
                 .await?;
-            (read, Some((added == StoreReply::Stored).then_some(cost)))
+            match added {
+                StoreReply::Stored => (read, Some(Counted { cost, total: cost }), false),
+                _ => (read, None, true),
+            }
+        }
+        Guess::Roomy { cost } => {
+            let (read, total) = inner
+                .pool
+                .get_and_incr(keys.route(), &names, key, cost, deadline)
+                .await?;
+            (read, total.map(|total| Counted { cost, total }), false)
         }
     };
     let ceiling = quota.limit().saturating_mul(2);
@@ -341,9 +386,8 @@ async fn read_window(
     Ok(Window {
         counts,
         ahead,
-        // A guess that was not stored found the counter there.
-        present: read[names.len() - 2].is_some() || guessed == Some(None),
-        guessed: guessed.flatten(),
+        present: read[names.len() - 2].is_some() || found,
+        counted,
     })
 }
 
@@ -359,6 +403,7 @@ async fn judge_batch(
         keys,
         quota,
         current,
+        ..
     } = counter;
     let (quota, current) = (*quota, *current);
     let key = keys.window(current);
@@ -367,7 +412,7 @@ async fn judge_batch(
         mut counts,
         ahead,
         present,
-        guessed,
+        counted,
     } = read;
     // The next sub-window's hits are taken as this one's: never too few.
     let last = counts.len() - 1;
@@ -390,12 +435,12 @@ async fn judge_batch(
         });
     }
     // What this batch has added to the counter, and the counter's total right after.
-    let (added, total) = match guessed {
-        // The guess created the counter with its cost: the total was that alone.
-        Some(guess) if guess >= planned => (guess, guess),
-        Some(guess) => {
+    let (added, total) = match counted {
+        // The read counted enough already.
+        Some(Counted { cost, total }) if cost >= planned => (cost, total),
+        Some(Counted { cost, .. }) => {
             let now = hits[0].0;
-            let more = planned - guess;
+            let more = planned - cost;
             let total = inner
                 .increment(keys, current, &quota, now, more, true, deadline)
                 .await?;
