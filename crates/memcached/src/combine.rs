@@ -13,7 +13,11 @@
 //! hit denied at the second judgement is as if it gave its cost back before the next one
 //! counted), so combining changes no decision and keeps the limit exact across processes
 //! and concurrent batches; it saves round trips and system calls: a batch of hits on one
-//! counter costs two round trips, not two per hit.
+//! counter costs two round trips, not two per hit, and one when the counter's first hit is
+//! counted with the read: a batch of a counter this process has not seen lately sends the
+//! `add` that creates it behind the read (stored only if it is absent), and one of a counter
+//! last seen with room left sends the `incr` (see [`read_window`]). A counter last seen
+//! full is read first, so a flood of refusals writes nothing.
 //!
 //! A lone hit runs in its caller's task; a batch of several runs on a task of its own, so
 //! a caller that stops waiting (a timeout) strands no one. Hits within the clock-skew

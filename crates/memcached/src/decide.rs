@@ -31,7 +31,9 @@
 //! reserved, then given back, holds its cost in those leaves meanwhile (two round trips at
 //! most) and may deny other hits there. The hits wrongly denied are at most the cost of the
 //! hits in flight that end up denied; reads before taking keep those few (a hit that a read
-//! shows cannot pass never takes anything). For a single leaf, a sliding-window counter holds
+//! shows cannot pass never takes anything, but for the first of a batch on a sliding-window
+//! counter this process last saw absent or with room, which is counted with the read and
+//! given back if the read refuses it). For a single leaf, a sliding-window counter holds
 //! a denied hit's cost for one round trip, and a compare-and-swap leaf never does. If the
 //! store fails between steps, what was taken is given back in the background; if that fails
 //! too, it stays until its window passes (counted in
