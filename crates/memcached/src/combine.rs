@@ -27,7 +27,6 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use sluice_core::algorithm::sliding_window::Counters as Windows;
@@ -35,12 +34,12 @@ use sluice_core::{Quota, State};
 use tokio::sync::oneshot;
 
 use crate::MemcachedError;
-use crate::commands::StoreReply;
 use crate::key::Keys;
-use crate::leaf::{Judged, Recorded, count, counter_record};
+use crate::leaf::{Judged, Recorded};
 use crate::pool::Deadline;
 use crate::stats::Counters;
 use crate::store::Inner;
+use crate::window::{Counted, Guess, Known, Window, read_window};
 
 /// One hit waiting for its batch.
 struct Pending {
@@ -56,7 +55,7 @@ struct Counter {
     keys: Keys,
     quota: Quota,
     current: u64,
-    /// Of the batch's key, for [`Combiner::remember`].
+    /// Of the batch's key, for [`Known::remember`].
     hash: u64,
 }
 
@@ -66,25 +65,16 @@ type Waiting = HashMap<(String, Quota), Vec<Pending>>;
 pub(crate) struct Combiner {
     shards: Box<[Mutex<Waiting>]>,
     hasher: RandomState,
-    /// Counters this process has lately read or made, by hash: a direct-mapped table whose
-    /// slot holds the hash of the counter last seen there, its lowest bit replaced by
-    /// whether the window had room left then. A batch guesses from it (see [`read_window`]):
-    /// a counter not known is guessed absent, one known with room is counted with the read,
-    /// one known without room is read first. Wrong only in cost: a counter whose slot
-    /// another took is guessed absent once more (an `add` that fails), one known but since
-    /// expired or evicted is read, then added, as without guessing.
-    known: Box<[AtomicU64]>,
+    /// How this process last saw each counter, for the guess sent with a batch's read.
+    pub(crate) known: Known,
 }
-
-/// Slots of [`Combiner::known`]: 64 KiB.
-const KNOWN_SLOTS: usize = 8192;
 
 impl Combiner {
     pub fn new(shards: usize) -> Combiner {
         Combiner {
             shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
-            known: (0..KNOWN_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            known: Known::new(),
         }
     }
 
@@ -94,27 +84,6 @@ impl Combiner {
 
     fn shard(&self, hash: u64) -> &Mutex<Waiting> {
         &self.shards[hash as usize % self.shards.len()]
-    }
-
-    fn known_slot(&self, hash: u64) -> &AtomicU64 {
-        // The high bits: the low ones pick the shard.
-        &self.known[(hash >> 32) as usize % KNOWN_SLOTS]
-    }
-
-    /// What a batch of the counter of `hash` guesses: how it was last seen here, if lately.
-    fn guess(&self, hash: u64, now: u64, cost: u64) -> Guess {
-        let seen = self.known_slot(hash).load(Ordering::Relaxed);
-        match (seen | 1 == hash | 1, seen & 1 == 1) {
-            (false, _) => Guess::Absent { now, cost },
-            (true, true) => Guess::Roomy { cost },
-            (true, false) => Guess::Full,
-        }
-    }
-
-    /// Notes the counter of `hash` as seen, with room left in its window or not.
-    fn remember(&self, hash: u64, roomy: bool) {
-        let seen = (hash & !1) | u64::from(roomy);
-        self.known_slot(hash).store(seen, Ordering::Relaxed);
     }
 }
 
@@ -202,11 +171,11 @@ impl Inner {
             // closes when the read is back. The read guesses from how this process last
             // saw the counter (see `read_window`).
             let guess = if cost <= quota.limit() {
-                self.windows.guess(hash, now, cost)
+                self.windows.known.guess(hash, now, cost)
             } else {
                 Guess::Full
             };
-            let read = read_window(self, &counter, guess, deadline).await;
+            let read = read_window(self, (keys, quota, current), guess, deadline).await;
             let joined = collecting.take();
             let mut batch = vec![pending];
             batch.extend(joined);
@@ -243,7 +212,8 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         return;
     };
-    match read_window(inner, counter, Guess::Full, deadline).await {
+    let at = (&counter.keys, &counter.quota, counter.current);
+    match read_window(inner, at, Guess::Full, deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),
     }
@@ -280,119 +250,13 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
                 && judged
                     .last()
                     .is_some_and(|j| j.verdict.remaining >= headroom);
-            inner.windows.remember(counter.hash, roomy);
+            inner.windows.known.remember(counter.hash, roomy);
             for (hit, judged) in hits.into_iter().zip(judged) {
                 let _ = hit.reply.send(Ok(judged));
             }
         }
         Err(error) => fail(hits, &error),
     }
-}
-
-/// The window as read: the sub-windows' counts, oldest first (the current one last), the
-/// next sub-window's count, and whether the current counter exists.
-struct Window {
-    counts: Vec<u64>,
-    ahead: u64,
-    present: bool,
-    /// What the read's guess counted already: the batch's first hit's cost, and the
-    /// counter's total right after it was added.
-    counted: Option<Counted>,
-}
-
-#[derive(Clone, Copy)]
-struct Counted {
-    cost: u64,
-    total: u64,
-}
-
-/// How a batch reads its window, from how this process last saw the counter.
-#[derive(Clone, Copy)]
-enum Guess {
-    /// Not seen lately: absent (an identifier's first hit, or a sub-window's), so the
-    /// counter is added holding the first hit's cost, with the read.
-    Absent { now: u64, cost: u64 },
-    /// Seen with room left: the first hit's cost is added to it with the read (`incr`).
-    Roomy { cost: u64 },
-    /// Seen full (or the hit cannot fit): the read alone, so a refusal writes nothing.
-    Full,
-}
-
-/// Reads the window, counting the batch's first hit in the same round trip where the
-/// guess says it should fit, so such a batch is one round trip, not two (a read, then an
-/// `add` or `incr`). The `add` of a guessed-absent counter goes behind the `get`, and
-/// memcached stores it only if the counter is absent when it comes; one that exists makes
-/// it fail, and the batch goes on as without a guess (the guess cost the `add` and its
-/// `|m` record's few bytes). The `incr` of a counter guessed roomy counts the hit whatever
-/// the window says; a batch whose hit the window then refuses gives it back with a `decr`,
-/// as a hit denied on the total `incr` returns always has.
-async fn read_window(
-    inner: &Arc<Inner>,
-    counter: &Counter,
-    guess: Guess,
-    deadline: Deadline,
-) -> Result<Window, MemcachedError> {
-    let Counter {
-        keys,
-        quota,
-        current,
-        ..
-    } = counter;
-    let current = *current;
-    let g = u64::from(quota.windows());
-    let oldest = (current + 1).saturating_sub(g);
-    // The next sub-window too: app servers whose clocks run ahead count into it.
-    let names: Vec<String> = (oldest..=current + 1).map(|n| keys.window(n)).collect();
-    let key = &names[names.len() - 2];
-    // `found`: the counter is there, whatever the read saw before the write behind it.
-    let (read, counted, found) = match guess {
-        Guess::Full => {
-            let read = inner.pool.get_in_order(keys.route(), &names, deadline);
-            (read.await?, None, false)
-        }
-        Guess::Absent { now, cost } => {
-            let (expiry, meta) = counter_record(quota, current, now);
-            let (read, added) = inner
-                .pool
-                .get_and_add_with(
-                    keys.route(),
-                    &names,
-                    (key, cost.to_string().as_bytes()),
-                    (&keys.meta(), meta.as_bytes()),
-                    expiry,
-                    deadline,
-                )
-                .await?;
-            match added {
-                StoreReply::Stored => (read, Some(Counted { cost, total: cost }), false),
-                _ => (read, None, true),
-            }
-        }
-        Guess::Roomy { cost } => {
-            let (read, total) = inner
-                .pool
-                .get_and_incr(keys.route(), &names, key, cost, deadline)
-                .await?;
-            (read, total.map(|total| Counted { cost, total }), false)
-        }
-    };
-    let ceiling = quota.limit().saturating_mul(2);
-    // Oldest first, g of them (sub-windows before number 0 count nothing).
-    let mut counts = Vec::with_capacity(g as usize + 1);
-    counts.resize((g - (current + 1 - oldest)) as usize, 0);
-    for (name, value) in names.iter().zip(&read) {
-        counts.push(match value {
-            Some(value) => count(name, value)?.min(ceiling),
-            None => 0,
-        });
-    }
-    let ahead = counts.pop().unwrap_or(0);
-    Ok(Window {
-        counts,
-        ahead,
-        present: read[names.len() - 2].is_some() || found,
-        counted,
-    })
 }
 
 /// Judges `hits` (`(now, cost)`, in order) on the counter: see the module documentation.

@@ -130,6 +130,7 @@ mod stats;
 mod store;
 mod url;
 mod value;
+mod window;
 
 pub use error::MemcachedError;
 pub use stats::{MemcachedStats, ServerStats};
