@@ -11,6 +11,10 @@
 //! Beside each rate: the CPU time (user + system, from `/proc/PID/stat`) per decision of
 //! memcached (`mc_cpu_us`) and of this process (`client_cpu_us`, the store's own code plus
 //! the callers), figures that the noise of a shared machine moves less than the rate.
+//!
+//! For a profile of one case: `SLUICE_BENCH_ONLY=memcached_sliding_window` (or
+//! `memcached_gcra`, `redis_gcra`) runs that store alone, and `SLUICE_BENCH_KEYS=1000000`
+//! (or `1`) that key count alone; the others print nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,7 +103,15 @@ fn main() {
     let on_redis = runtime
         .block_on(RedisStore::builder(&redis.url()).timeout(timeout).connect())
         .expect("connect to redis");
+    let only = std::env::var("SLUICE_BENCH_ONLY").ok();
+    let runs = |store: &str| only.as_deref().is_none_or(|only| only == store);
+    let keys_only: Option<usize> = std::env::var("SLUICE_BENCH_KEYS")
+        .ok()
+        .map(|n| n.parse().expect("SLUICE_BENCH_KEYS: a key count"));
     for (name, count) in [("keys_1", 1), ("keys_1000000", KEYS_MANY)] {
+        if keys_only.is_some_and(|only| only != count) {
+            continue;
+        }
         let keys = |algorithm: &str| -> Arc<Vec<[Identifier; 1]>> {
             Arc::new(
                 (0..count)
@@ -117,40 +129,50 @@ fn main() {
         let (mut mc_gcra, mut mc_window, mut rd_gcra) =
             (Rounds::default(), Rounds::default(), Rounds::default());
         for _ in 0..ROUNDS {
-            mc_gcra.run(mc_pid, || {
-                runtime.block_on(decisions_per_second(
-                    &on_memcached,
-                    gcra,
-                    gcra_keys.clone(),
-                    CALLERS,
-                    ROUND,
-                ))
-            });
-            mc_window.run(mc_pid, || {
-                runtime.block_on(decisions_per_second(
-                    &on_memcached,
-                    window,
-                    window_keys.clone(),
-                    CALLERS,
-                    ROUND,
-                ))
-            });
-            rd_gcra.run(redis_pid, || {
-                runtime.block_on(decisions_per_second(
-                    &on_redis,
-                    gcra,
-                    gcra_keys.clone(),
-                    CALLERS,
-                    ROUND,
-                ))
-            });
+            if runs("memcached_gcra") {
+                mc_gcra.run(mc_pid, || {
+                    runtime.block_on(decisions_per_second(
+                        &on_memcached,
+                        gcra,
+                        gcra_keys.clone(),
+                        CALLERS,
+                        ROUND,
+                    ))
+                });
+            }
+            if runs("memcached_sliding_window") {
+                mc_window.run(mc_pid, || {
+                    runtime.block_on(decisions_per_second(
+                        &on_memcached,
+                        window,
+                        window_keys.clone(),
+                        CALLERS,
+                        ROUND,
+                    ))
+                });
+            }
+            if runs("redis_gcra") {
+                rd_gcra.run(redis_pid, || {
+                    runtime.block_on(decisions_per_second(
+                        &on_redis,
+                        gcra,
+                        gcra_keys.clone(),
+                        CALLERS,
+                        ROUND,
+                    ))
+                });
+            }
         }
-        println!(
-            "scenario={name}_callers_{CALLERS} {} {} {}",
-            mc_gcra.show("memcached_gcra", "mc"),
-            mc_window.show("memcached_sliding_window", "mc"),
-            rd_gcra.show("redis_gcra", "redis"),
-        );
+        let shown: Vec<String> = [
+            (&mc_gcra, "memcached_gcra", "mc"),
+            (&mc_window, "memcached_sliding_window", "mc"),
+            (&rd_gcra, "redis_gcra", "redis"),
+        ]
+        .into_iter()
+        .filter(|(rounds, _, _)| !rounds.per_s.is_empty())
+        .map(|(rounds, name, server)| rounds.show(name, server))
+        .collect();
+        println!("scenario={name}_callers_{CALLERS} {}", shown.join(" "));
     }
     let stats = on_memcached.stats();
     println!(

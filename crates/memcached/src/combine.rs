@@ -170,10 +170,9 @@ impl Inner {
             // Hits on this counter that come while the window is read join the batch; it
             // closes when the read is back. The read guesses from how this process last
             // saw the counter (see `read_window`).
-            let guess = if cost <= quota.limit() {
-                self.windows.known.guess(hash, now, cost)
-            } else {
-                Guess::Full
+            let guess = match self.windows.known.guess(hash, now, cost) {
+                (_, empty) if cost > quota.limit() => (Guess::Full, empty),
+                guess => guess,
             };
             let read = read_window(self, (keys, quota, current), guess, deadline).await;
             let joined = collecting.take();
@@ -213,7 +212,7 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
         return;
     };
     let at = (&counter.keys, &counter.quota, counter.current);
-    match read_window(inner, at, Guess::Full, deadline).await {
+    match read_window(inner, at, (Guess::Full, 0), deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),
     }
@@ -241,6 +240,7 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
         return;
     };
     let costs: Vec<(u64, u64)> = hits.iter().map(|h| (h.now, h.cost)).collect();
+    let empty = read.empty;
     match judge_batch(inner, counter, read, &costs, deadline).await {
         Ok(judged) => {
             // Room left: every hit admitted, and an eighth of the limit (at least one hit)
@@ -250,7 +250,7 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
                 && judged
                     .last()
                     .is_some_and(|j| j.verdict.remaining >= headroom);
-            inner.windows.known.remember(counter.hash, roomy);
+            inner.windows.known.remember(counter.hash, roomy, empty);
             for (hit, judged) in hits.into_iter().zip(judged) {
                 let _ = hit.reply.send(Ok(judged));
             }
@@ -281,6 +281,7 @@ async fn judge_batch(
         ahead,
         present,
         counted,
+        ..
     } = read;
     // The next sub-window's hits are taken as this one's: never too few.
     let last = counts.len() - 1;

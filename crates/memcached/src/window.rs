@@ -16,18 +16,29 @@ use crate::pool::Deadline;
 use crate::store::Inner;
 
 /// Counters this process has lately read or made, by hash: a direct-mapped table whose
-/// slot holds the hash of the counter last seen there, its lowest bit replaced by whether
-/// the window had room left then. A batch guesses from it (see [`read_window`]): a counter
-/// not known is guessed absent, one known with room is counted with the read, one known
-/// without room is read first. Wrong only in cost: a counter whose slot another took is
-/// guessed absent once more (an `add` that fails), one known but since expired or evicted
-/// is read, then added, as without guessing.
+/// slot holds the hash of the counter last seen there, its lowest byte replaced by what was
+/// seen: whether the window had room left (one bit), and how many of its oldest sub-windows
+/// had no counter (seven bits). A batch guesses from it (see [`read_window`]): a counter not
+/// known is guessed absent, one known with room is counted with the read, one known without
+/// room is read first; and the sub-windows known empty are not read again. Wrong only in
+/// cost: a counter whose slot another took is guessed absent once more (an `add` that
+/// fails), one known but since expired or evicted is read, then added, as without guessing.
+///
+/// Why an empty past sub-window stays empty: a counter is made only by hits in its own
+/// sub-window (by the clocks of app servers within `skew` of each other), so once a whole
+/// sub-window has passed since it ended, no hit can make it again: only sub-windows before
+/// the previous one are skipped, which leaves a hit sent just before a boundary a whole
+/// sub-window to arrive. (A reservation's debt settled into a counter
+/// that was evicted or reset makes it again; skipping it then forgets that debt, as the
+/// eviction or the reset did.)
 pub(crate) struct Known {
     slots: Box<[AtomicU64]>,
 }
 
 /// Slots of [`Known`]: 64 KiB.
 const KNOWN_SLOTS: usize = 8192;
+/// Most empty sub-windows one slot remembers (seven bits).
+const MAX_EMPTY: u64 = 0x7F;
 
 impl Known {
     pub(crate) fn new() -> Known {
@@ -41,19 +52,26 @@ impl Known {
         &self.slots[(hash >> 32) as usize % KNOWN_SLOTS]
     }
 
-    /// What a batch of the counter of `hash` guesses: how it was last seen here, if lately.
-    pub(crate) fn guess(&self, hash: u64, now: u64, cost: u64) -> Guess {
+    /// What a batch of the counter of `hash` guesses, from how it was last seen here (if
+    /// lately), and how many of the window's oldest sub-windows it need not read.
+    pub(crate) fn guess(&self, hash: u64, now: u64, cost: u64) -> (Guess, u64) {
         let seen = self.slot(hash).load(Ordering::Relaxed);
-        match (seen | 1 == hash | 1, seen & 1 == 1) {
-            (false, _) => Guess::Absent { now, cost },
-            (true, true) => Guess::Roomy { cost },
-            (true, false) => Guess::Full,
+        if seen & !0xFF != hash & !0xFF {
+            return (Guess::Absent { now, cost }, 0);
         }
+        let empty = (seen >> 1) & MAX_EMPTY;
+        let guess = if seen & 1 == 1 {
+            Guess::Roomy { cost }
+        } else {
+            Guess::Full
+        };
+        (guess, empty)
     }
 
-    /// Notes the counter of `hash` as seen, with room left in its window or not.
-    pub(crate) fn remember(&self, hash: u64, roomy: bool) {
-        let seen = (hash & !1) | u64::from(roomy);
+    /// Notes the counter of `hash` as seen: with room left in its window or not, and with
+    /// its `empty` oldest sub-windows holding no counter.
+    pub(crate) fn remember(&self, hash: u64, roomy: bool, empty: u64) {
+        let seen = (hash & !0xFF) | (empty.min(MAX_EMPTY) << 1) | u64::from(roomy);
         self.slot(hash).store(seen, Ordering::Relaxed);
     }
 }
@@ -64,6 +82,8 @@ pub(crate) struct Window {
     pub(crate) counts: Vec<u64>,
     pub(crate) ahead: u64,
     pub(crate) present: bool,
+    /// How many of the oldest sub-windows hold no counter (known before, or read so).
+    pub(crate) empty: u64,
     /// What the read's guess counted already: the batch's first hit's cost, and the
     /// counter's total right after it was added.
     pub(crate) counted: Option<Counted>,
@@ -95,16 +115,24 @@ pub(crate) enum Guess {
 /// `|m` record's few bytes). The `incr` of a counter guessed roomy counts the hit whatever
 /// the window says; a batch whose hit the window then refuses gives it back with a `decr`,
 /// as a hit denied on the total `incr` returns always has.
+///
+/// The `empty` oldest sub-windows are known to hold no counter (see [`Known`]) and are not
+/// read: the window of an identifier new in this sub-window is three keys (the previous,
+/// the current and the next sub-window's), not `g + 1`.
 pub(crate) async fn read_window(
     inner: &Arc<Inner>,
     (keys, quota, current): (&Keys, &Quota, u64),
-    guess: Guess,
+    (guess, empty): (Guess, u64),
     deadline: Deadline,
 ) -> Result<Window, MemcachedError> {
     let g = u64::from(quota.windows());
     let oldest = (current + 1).saturating_sub(g);
+    // Never the current sub-window's counter, which hits are still making, nor the
+    // previous one's, which a hit sent just before the boundary may still be making.
+    let empty = empty.min((current - oldest).saturating_sub(1));
+    let first = oldest + empty;
     // The next sub-window too: app servers whose clocks run ahead count into it.
-    let names: Vec<String> = (oldest..=current + 1).map(|n| keys.window(n)).collect();
+    let names: Vec<String> = (first..=current + 1).map(|n| keys.window(n)).collect();
     let key = &names[names.len() - 2];
     // `found`: the counter is there, whatever the read saw before the write behind it.
     let (read, counted, found) = match guess {
@@ -139,9 +167,10 @@ pub(crate) async fn read_window(
         }
     };
     let ceiling = quota.limit().saturating_mul(2);
-    // Oldest first, g of them (sub-windows before number 0 count nothing).
+    // Oldest first, g of them (sub-windows before number 0, and those known empty, count
+    // nothing).
     let mut counts = Vec::with_capacity(g as usize + 1);
-    counts.resize((g - (current + 1 - oldest)) as usize, 0);
+    counts.resize((g - (current + 1 - first)) as usize, 0);
     for (name, value) in names.iter().zip(&read) {
         counts.push(match value {
             Some(value) => count(name, value)?.min(ceiling),
@@ -149,10 +178,14 @@ pub(crate) async fn read_window(
         });
     }
     let ahead = counts.pop().unwrap_or(0);
+    // Sub-windows before the previous one read without a counter, after those known so.
+    let past = (current.saturating_sub(1)).saturating_sub(first) as usize;
+    let empty = empty + read[..past].iter().take_while(|v| v.is_none()).count() as u64;
     Ok(Window {
         counts,
         ahead,
         present: read[names.len() - 2].is_some() || found,
+        empty,
         counted,
     })
 }

@@ -28,6 +28,8 @@ struct Relay {
     reads: AtomicUsize,
     /// Most read commands in one chunk the client wrote.
     most_reads_per_chunk: AtomicUsize,
+    /// Keys those read commands asked for.
+    keys_read: AtomicUsize,
     /// Chunks the client wrote: a lone caller writes one per round trip.
     chunks: AtomicUsize,
     /// Commands the client wrote, by verb: `add`, `cas`, `incr`, `decr`.
@@ -49,6 +51,15 @@ fn reads_in(chunk: &[u8]) -> usize {
         .split(|&b| b == b'\n')
         .filter(|line| line.starts_with(b"get ") || line.starts_with(b"gets "))
         .count()
+}
+
+/// Keys the read commands in `chunk` ask for.
+fn keys_read_in(chunk: &[u8]) -> usize {
+    chunk
+        .split(|&b| b == b'\n')
+        .filter(|line| line.starts_with(b"get ") || line.starts_with(b"gets "))
+        .map(|line| line.trim_ascii().split(|&b| b == b' ').count() - 1)
+        .sum()
 }
 
 /// Lines of `chunk` that start with `verb` and a space.
@@ -90,6 +101,8 @@ async fn relay_to(upstream: String, relay: Arc<Relay>) -> String {
                     ] {
                         seen.fetch_add(commands_in(&chunk[..n], verb), Ordering::SeqCst);
                     }
+                    let keys = keys_read_in(&chunk[..n]);
+                    relay.keys_read.fetch_add(keys, Ordering::SeqCst);
                     let reads = reads_in(&chunk[..n]);
                     relay.reads.fetch_add(reads, Ordering::SeqCst);
                     relay
@@ -387,4 +400,34 @@ async fn a_lone_decision_takes_the_round_trips_it_should() {
     assert!(!allowed.unwrap());
     assert_eq!(n, [2, 0, 0, 1, 1, 1], "a roomy guess the total refuses");
     assert_eq!(memcached.raw(&format!("incr {counter} 0")).unwrap(), "2");
+
+    // A window read once need not read its empty past again: the ten sub-windows of the
+    // hour and the next one, then only the previous, the current and the next.
+    let keys = |relay: &Relay| relay.keys_read.load(Ordering::SeqCst);
+    let fresh = "ns:k:user:fresh-window:2/h";
+    let before = keys(&relay);
+    assert!(hit(&store, fresh, window).await.unwrap());
+    assert_eq!(keys(&relay) - before, 11, "the whole window, once");
+    let before = keys(&relay);
+    assert!(hit(&store, fresh, window).await.unwrap());
+    assert_eq!(keys(&relay) - before, 3, "its empty past known");
+    // A past sub-window's counter is read every time, however many empty ones precede it:
+    // two hits five sub-windows ago fill this 2/h window.
+    let old = "ns:k:user:old-window:2/h";
+    let five_ago = format!("{old}|w{}", clock.now() / sub - 5);
+    assert_eq!(
+        memcached
+            .raw(&format!("set {five_ago} 0 0 1\r\n2"))
+            .unwrap(),
+        "STORED"
+    );
+    for attempt in 0..3 {
+        let before = keys(&relay);
+        assert!(
+            !hit(&store, old, window).await.unwrap(),
+            "attempt {attempt}"
+        );
+        let read = keys(&relay) - before;
+        assert_eq!(read, if attempt == 0 { 11 } else { 7 }, "attempt {attempt}");
+    }
 }
