@@ -174,7 +174,8 @@ impl Inner {
                 (_, empty) if cost > quota.limit() => (Guess::Full, empty),
                 guess => guess,
             };
-            let read = read_window(self, (keys, quota, current), guess, deadline).await;
+            let at = (keys, quota, current, now);
+            let read = read_window(self, at, guess, deadline).await;
             let joined = collecting.take();
             let mut batch = vec![pending];
             batch.extend(joined);
@@ -211,7 +212,8 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         return;
     };
-    let at = (&counter.keys, &counter.quota, counter.current);
+    let now = hits.iter().map(|h| h.now).min().unwrap_or_default();
+    let at = (&counter.keys, &counter.quota, counter.current, now);
     match read_window(inner, at, (Guess::Full, 0), deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),

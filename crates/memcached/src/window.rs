@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use sluice_core::Quota;
 
@@ -26,9 +27,9 @@ use crate::store::Inner;
 ///
 /// Why an empty past sub-window stays empty: a counter is made only by hits in its own
 /// sub-window (by the clocks of app servers within `skew` of each other), so once a whole
-/// sub-window has passed since it ended, no hit can make it again: only sub-windows before
-/// the previous one are skipped, which leaves a hit sent just before a boundary a whole
-/// sub-window to arrive. (A reservation's debt settled into a counter
+/// sub-window, and at least the skew and two seconds, have passed since it ended, no hit
+/// can make it again: only such sub-windows are skipped, which leaves a hit sent just
+/// before a boundary that long to arrive, far past its deadline. (A reservation's debt settled into a counter
 /// that was evicted or reset makes it again; skipping it then forgets that debt, as the
 /// eviction or the reset did.)
 pub(crate) struct Known {
@@ -42,6 +43,9 @@ pub(crate) struct Known {
 const KNOWN_SLOTS: usize = 1 << 20;
 /// Most empty sub-windows one slot remembers (seven bits).
 const MAX_EMPTY: u64 = 0x7F;
+/// How long after a sub-window ended (beyond the skew) an absent counter of it is taken as
+/// final, if a whole sub-window is shorter: far past any request's deadline.
+const SETTLED: Duration = Duration::from_secs(2);
 
 impl Known {
     pub(crate) fn new() -> Known {
@@ -124,15 +128,19 @@ pub(crate) enum Guess {
 /// the current and the next sub-window's), not `g + 1`.
 pub(crate) async fn read_window(
     inner: &Arc<Inner>,
-    (keys, quota, current): (&Keys, &Quota, u64),
+    (keys, quota, current, now): (&Keys, &Quota, u64, u64),
     (guess, empty): (Guess, u64),
     deadline: Deadline,
 ) -> Result<Window, MemcachedError> {
     let g = u64::from(quota.windows());
     let oldest = (current + 1).saturating_sub(g);
-    // Never the current sub-window's counter, which hits are still making, nor the
-    // previous one's, which a hit sent just before the boundary may still be making.
-    let empty = empty.min((current - oldest).saturating_sub(1));
+    // Sub-windows that may be skipped end before this one: never the current one's counter,
+    // which hits are still making, nor the previous one's, which a hit sent just before the
+    // boundary may still be making, nor one that ended less than the skew and `SETTLED` ago.
+    let guard = (inner.skew + SETTLED).as_nanos() as u64;
+    let settled = now.saturating_sub(guard) / quota.sub_window_ticks();
+    let skippable_end = settled.min(current.saturating_sub(1)).max(oldest);
+    let empty = empty.min(skippable_end - oldest);
     let first = oldest + empty;
     // The next sub-window too: app servers whose clocks run ahead count into it.
     let names: Vec<String> = (first..=current + 1).map(|n| keys.window(n)).collect();
@@ -181,8 +189,8 @@ pub(crate) async fn read_window(
         });
     }
     let ahead = counts.pop().unwrap_or(0);
-    // Sub-windows before the previous one read without a counter, after those known so.
-    let past = (current.saturating_sub(1)).saturating_sub(first) as usize;
+    // Skippable sub-windows read without a counter, after those known so.
+    let past = skippable_end.saturating_sub(first) as usize;
     let empty = empty + read[..past].iter().take_while(|v| v.is_none()).count() as u64;
     Ok(Window {
         counts,

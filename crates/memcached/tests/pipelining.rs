@@ -430,4 +430,22 @@ async fn a_lone_decision_takes_the_round_trips_it_should() {
         let read = keys(&relay) - before;
         assert_eq!(read, if attempt == 0 { 11 } else { 7 }, "attempt {attempt}");
     }
+    // Sub-windows of one second: only those that ended more than the skew and two seconds
+    // ago are skipped, so a hit sent just before a boundary has long enough to arrive. Half
+    // a second into one (away from its boundaries, where hits are combined), that leaves the
+    // two before it read too.
+    let rate = Rate::new(10, Span::new(10, Unit::Second).unwrap()).unwrap();
+    let seconds = Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap();
+    clock.advance(Duration::from_millis(500));
+    let short = "ns:k:user:short-window:10/10s";
+    let before = keys(&relay);
+    assert!(hit(&store, short, seconds).await.unwrap());
+    assert_eq!(keys(&relay) - before, 11, "the whole window, once");
+    let before = keys(&relay);
+    assert!(hit(&store, short, seconds).await.unwrap());
+    assert_eq!(
+        keys(&relay) - before,
+        4,
+        "sub-windows ended 1.5 s ago are read"
+    );
 }
