@@ -213,21 +213,27 @@ impl Pool {
         exptime: u32,
         deadline: Deadline,
     ) -> Result<StoreReply, MemcachedError> {
-        let mut add = Vec::new();
-        protocol::store(&mut add, Verb::Add, key, exptime, value);
-        let mut set = Vec::new();
-        protocol::store(&mut set, Verb::Set, other, exptime, other_value);
-        let requests = vec![(add, Expect::Stored), (set, Expect::Stored)];
-        let replies = self.call(route, requests, deadline).await?;
-        let [first, second] = &replies[..] else {
-            return Err(protocol(
-                self,
-                route,
-                "two requests, not two replies".into(),
-            ));
+        let requests = add_with_requests((key, value), (other, other_value), exptime).to_vec();
+        let mut replies = self.call(route, requests, deadline).await?;
+        let added = self.added_with(route, &mut replies)?;
+        if !replies.is_empty() {
+            return Err(protocol(self, route, "more replies than requests".into()));
+        }
+        Ok(added)
+    }
+
+    /// How an `add` and `set` from [`add_with_requests`] ended, from the last two of
+    /// `replies` (taken off): the `add`'s reply, once the `set` is known stored.
+    fn added_with(
+        &self,
+        route: &str,
+        replies: &mut Vec<Reply>,
+    ) -> Result<StoreReply, MemcachedError> {
+        let (Some(set), Some(added)) = (replies.pop(), replies.pop()) else {
+            return Err(protocol(self, route, "fewer replies than requests".into()));
         };
-        stored(self, route, Verb::Set, second)?;
-        stored(self, route, Verb::Add, first)
+        stored(self, route, Verb::Set, &set)?;
+        stored(self, route, Verb::Add, &added)
     }
 
     /// `get` of `keys`, then `add` of a counter and `set` of another key (as
@@ -244,18 +250,13 @@ impl Pool {
         deadline: Deadline,
     ) -> Result<(Vec<Option<Vec<u8>>>, StoreReply), MemcachedError> {
         let mut requests = get_requests(keys);
-        let mut add = Vec::with_capacity(key.len() + value.len() + 40);
-        protocol::store(&mut add, Verb::Add, key, exptime, value);
-        let mut set = Vec::with_capacity(other.len() + other_value.len() + 40);
-        protocol::store(&mut set, Verb::Set, other, exptime, other_value);
-        requests.push((add, Expect::Stored));
-        requests.push((set, Expect::Stored));
+        requests.extend(add_with_requests(
+            (key, value),
+            (other, other_value),
+            exptime,
+        ));
         let mut replies = self.call(route, requests, deadline).await?;
-        let (Some(set), Some(added)) = (replies.pop(), replies.pop()) else {
-            return Err(protocol(self, route, "fewer replies than requests".into()));
-        };
-        stored(self, route, Verb::Set, &set)?;
-        let added = stored(self, route, Verb::Add, &added)?;
+        let added = self.added_with(route, &mut replies)?;
         Ok((self.found_in_order(route, keys, replies)?, added))
     }
 
@@ -395,6 +396,19 @@ impl Pool {
 }
 
 /// `get` requests for `keys`, at most [`KEYS_PER_GET`] keys each.
+/// The `add` of `key` and the `set` of `other`, both expiring at `exptime`.
+fn add_with_requests(
+    (key, value): (&str, &[u8]),
+    (other, other_value): (&str, &[u8]),
+    exptime: u32,
+) -> [(Vec<u8>, Expect); 2] {
+    let mut add = Vec::with_capacity(key.len() + value.len() + 40);
+    protocol::store(&mut add, Verb::Add, key, exptime, value);
+    let mut set = Vec::with_capacity(other.len() + other_value.len() + 40);
+    protocol::store(&mut set, Verb::Set, other, exptime, other_value);
+    [(add, Expect::Stored), (set, Expect::Stored)]
+}
+
 fn get_requests(keys: &[String]) -> Vec<(Vec<u8>, Expect)> {
     keys.chunks(KEYS_PER_GET)
         .map(|chunk| {
