@@ -13,11 +13,10 @@
 //! hit denied at the second judgement is as if it gave its cost back before the next one
 //! counted), so combining changes no decision and keeps the limit exact across processes
 //! and concurrent batches; it saves round trips and system calls: a batch of hits on one
-//! counter costs two round trips, not two per hit, and one when the counter's first hit is
-//! counted with the read: a batch of a counter this process has not seen lately sends the
-//! `add` that creates it behind the read (stored only if it is absent), and one of a counter
-//! last seen with room left sends the `incr` (see [`read_window`]). A counter last seen
-//! full is read first, so a flood of refusals writes nothing.
+//! counter costs two round trips, not two per hit, and one when the counter is new: a batch
+//! of a counter this process has not seen lately sends the `add` that creates it behind the
+//! read (stored only if it is absent; see [`read_window`]). A counter seen lately is read
+//! first, so a flood of refusals writes nothing.
 //!
 //! A lone hit runs in its caller's task; a batch of several runs on a task of its own, so
 //! a caller that stops waiting (a timeout) strands no one. Hits within the clock-skew
@@ -171,7 +170,7 @@ impl Inner {
             // closes when the read is back. The read guesses from how this process last
             // saw the counter (see `read_window`).
             let guess = match self.windows.known.guess(hash, now, cost) {
-                (_, empty) if cost > quota.limit() => (Guess::Full, empty),
+                (_, empty) if cost > quota.limit() => (Guess::Read, empty),
                 guess => guess,
             };
             let at = (keys, quota, current, now);
@@ -214,7 +213,7 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
     };
     let now = hits.iter().map(|h| h.now).min().unwrap_or_default();
     let at = (&counter.keys, &counter.quota, counter.current, now);
-    match read_window(inner, at, (Guess::Full, 0), deadline).await {
+    match read_window(inner, at, (Guess::Read, 0), deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),
     }
@@ -245,14 +244,7 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
     let empty = read.empty;
     match judge_batch(inner, counter, read, &costs, deadline).await {
         Ok(judged) => {
-            // Room left: every hit admitted, and an eighth of the limit (at least one hit)
-            // still free after the last.
-            let headroom = (counter.quota.limit() / 8).max(1);
-            let roomy = judged.iter().all(|j| j.verdict.allowed)
-                && judged
-                    .last()
-                    .is_some_and(|j| j.verdict.remaining >= headroom);
-            inner.windows.known.remember(counter.hash, roomy, empty);
+            inner.windows.known.remember(counter.hash, empty);
             for (hit, judged) in hits.into_iter().zip(judged) {
                 let _ = hit.reply.send(Ok(judged));
             }

@@ -32,7 +32,7 @@
 //! most) and may deny other hits there. The hits wrongly denied are at most the cost of the
 //! hits in flight that end up denied; reads before taking keep those few (a hit that a read
 //! shows cannot pass never takes anything, but for the first of a batch on a sliding-window
-//! counter this process last saw absent or with room, which is counted with the read and
+//! counter this process has not seen lately, which is counted with the read and
 //! given back if the read refuses it). For a single leaf, a sliding-window counter holds
 //! a denied hit's cost for one round trip, and a compare-and-swap leaf never does. If the
 //! store fails between steps, what was taken is given back in the background; if that fails

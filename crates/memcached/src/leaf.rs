@@ -17,7 +17,7 @@
 //! refusal says retry now (see `racing`), so it is never remembered as a lasting one.
 //! Hits that take a counter away from a boundary are combined with the other hits on it in
 //! this process (see [`crate::combine`]): one read and one `incr` per batch, sent in one
-//! round trip when the counter was last seen absent or with room.
+//! round trip when the counter is new.
 //!
 //! **GCRA, fixed window, sliding log**: the state under `<base>|s`, updated by
 //! compare-and-swap (see [`crate::cas`]). The core's functions judge and record, so the

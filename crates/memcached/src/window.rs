@@ -17,13 +17,12 @@ use crate::pool::Deadline;
 use crate::store::Inner;
 
 /// Counters this process has lately read or made, by hash: a direct-mapped table whose
-/// slot holds the hash of the counter last seen there, its lowest byte replaced by what was
-/// seen: whether the window had room left (one bit), and how many of its oldest sub-windows
-/// had no counter (seven bits). A batch guesses from it (see [`read_window`]): a counter not
-/// known is guessed absent, one known with room is counted with the read, one known without
-/// room is read first; and the sub-windows known empty are not read again. Wrong only in
-/// cost: a counter whose slot another took is guessed absent once more (an `add` that
-/// fails), one known but since expired or evicted is read, then added, as without guessing.
+/// slot holds the hash of the counter last seen there, its lowest byte replaced by how many
+/// of the window's oldest sub-windows had no counter (seven bits). A batch guesses from it
+/// (see [`read_window`]): a counter not known is guessed absent, one known is read first;
+/// and the sub-windows known empty are not read again. Wrong only in cost: a counter whose
+/// slot another took is guessed absent once more (an `add` that fails), one known but since
+/// expired or evicted is read, then added, as without guessing.
 ///
 /// Why an empty past sub-window stays empty: a counter is made only by hits in its own
 /// sub-window (by the clocks of app servers within `skew` of each other), so once a whole
@@ -41,7 +40,7 @@ pub(crate) struct Known {
 /// decisions a second with 2^20 slots, 66,000-72,000 with 2^18, about 48,000 with 2^13, where
 /// most windows were read whole and guessed absent again).
 const KNOWN_SLOTS: usize = 1 << 20;
-/// Most empty sub-windows one slot remembers (seven bits).
+/// Most empty sub-windows one slot remembers (seven bits; the eighth is unused).
 const MAX_EMPTY: u64 = 0x7F;
 /// How long after a sub-window ended (beyond the skew) an absent counter of it is taken as
 /// final, if a whole sub-window is shorter: far past any request's deadline.
@@ -66,19 +65,13 @@ impl Known {
         if seen & !0xFF != hash & !0xFF {
             return (Guess::Absent { now, cost }, 0);
         }
-        let empty = (seen >> 1) & MAX_EMPTY;
-        let guess = if seen & 1 == 1 {
-            Guess::Roomy { cost }
-        } else {
-            Guess::Full
-        };
-        (guess, empty)
+        (Guess::Read, seen & MAX_EMPTY)
     }
 
-    /// Notes the counter of `hash` as seen: with room left in its window or not, and with
-    /// its `empty` oldest sub-windows holding no counter.
-    pub(crate) fn remember(&self, hash: u64, roomy: bool, empty: u64) {
-        let seen = (hash & !0xFF) | (empty.min(MAX_EMPTY) << 1) | u64::from(roomy);
+    /// Notes the counter of `hash` as seen, with its `empty` oldest sub-windows holding no
+    /// counter.
+    pub(crate) fn remember(&self, hash: u64, empty: u64) {
+        let seen = (hash & !0xFF) | empty.min(MAX_EMPTY);
         self.slot(hash).store(seen, Ordering::Relaxed);
     }
 }
@@ -108,20 +101,17 @@ pub(crate) enum Guess {
     /// Not seen lately: absent (an identifier's first hit, or a sub-window's), so the
     /// counter is added holding the first hit's cost, with the read.
     Absent { now: u64, cost: u64 },
-    /// Seen with room left: the first hit's cost is added to it with the read (`incr`).
-    Roomy { cost: u64 },
-    /// Seen full (or the hit cannot fit): the read alone, so a refusal writes nothing.
-    Full,
+    /// Seen lately (or the hit cannot fit): the read alone, so a refusal writes nothing.
+    Read,
 }
 
-/// Reads the window, counting the batch's first hit in the same round trip where the
-/// guess says it should fit, so such a batch is one round trip, not two (a read, then an
-/// `add` or `incr`). The `add` of a guessed-absent counter goes behind the `get`, and
-/// memcached stores it only if the counter is absent when it comes; one that exists makes
-/// it fail, and the batch goes on as without a guess (the guess cost the `add` and its
-/// `|m` record's few bytes). The `incr` of a counter guessed roomy counts the hit whatever
-/// the window says; a batch whose hit the window then refuses gives it back with a `decr`,
-/// as a hit denied on the total `incr` returns always has.
+/// Reads the window. A counter guessed absent gets the `add` that creates it, holding the
+/// batch's first hit's cost, behind the `get` in the same round trip, so such a batch is
+/// one round trip, not two (a read, then an `add`): memcached stores it only if the counter
+/// is absent when it comes; one that exists makes it fail, and the batch goes on as without
+/// a guess (the guess cost the `add` and its `|m` record's few bytes). A batch whose first
+/// hit the window then refuses gives it back with a `decr`, as a hit denied on the total
+/// `incr` returns always has.
 ///
 /// The `empty` oldest sub-windows are known to hold no counter (see [`Known`]) and are not
 /// read: the window of an identifier new in this sub-window is three keys (the previous,
@@ -147,7 +137,7 @@ pub(crate) async fn read_window(
     let key = &names[names.len() - 2];
     // `found`: the counter is there, whatever the read saw before the write behind it.
     let (read, counted, found) = match guess {
-        Guess::Full => {
+        Guess::Read => {
             let read = inner.pool.get_in_order(keys.route(), &names, deadline);
             (read.await?, None, false)
         }
@@ -168,13 +158,6 @@ pub(crate) async fn read_window(
                 StoreReply::Stored => (read, Some(Counted { cost, total: cost }), false),
                 _ => (read, None, true),
             }
-        }
-        Guess::Roomy { cost } => {
-            let (read, total) = inner
-                .pool
-                .get_and_incr(keys.route(), &names, key, cost, deadline)
-                .await?;
-            (read, total.map(|total| Counted { cost, total }), false)
         }
     };
     let ceiling = quota.limit().saturating_mul(2);
