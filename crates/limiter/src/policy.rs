@@ -2,6 +2,7 @@
 //! into the quotas and identifier parts every hit needs.
 
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::algorithm::QuotaError;
 use sluice_core::parse::RuleError;
@@ -124,7 +125,13 @@ pub struct CompiledLeaf {
     /// `:rate[~options]`, after the values.
     pub(crate) suffix: String,
     pub(crate) group: GroupAt,
+    /// This leaf's own number, never given to another (clones share it, and their fixed
+    /// parts): a thread's last identifier is known to be this leaf's by it.
+    pub(crate) uid: u64,
 }
+
+/// The next [`CompiledLeaf::uid`] (0 is no leaf's).
+static NEXT_LEAF: AtomicU64 = AtomicU64::new(1);
 
 /// Which part of an identifier is its routing group (see [`crate::Identifier`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,6 +255,7 @@ impl CompiledPolicy {
                 prefix,
                 suffix,
                 group: group_of(leaf.selector.names()),
+                uid: NEXT_LEAF.fetch_add(1, Ordering::Relaxed),
             });
         }
         let mut penalty_names: Vec<String> = leaves

@@ -398,6 +398,28 @@ pub(super) fn write_leaf(
     )
 }
 
+/// Whether `id`, written by [`write_leaf`] for `leaf` or a clone of it (the caller knows by
+/// [`CompiledLeaf::uid`]), names the same counter for `selectors`: the selector's value is
+/// the one written as it is (a hashed value is written anew). A missing selector is the
+/// same error as [`write_leaf`]'s.
+pub(super) fn names_again(
+    id: &Identifier,
+    policy: &CompiledPolicy,
+    leaf: &CompiledLeaf,
+    selectors: &Selectors<'_>,
+) -> Result<bool, Error> {
+    let fixed = leaf.prefix.len() + leaf.suffix.len();
+    Ok(match leaf.leaf.selector.names() {
+        [] => id.len() == fixed,
+        [name] => {
+            let value = value(policy, selectors, name)?;
+            let written = id.get(leaf.prefix.len()..id.len().saturating_sub(leaf.suffix.len()));
+            id.len() >= fixed && written == Some(value) && !value.starts_with('#')
+        }
+        _ => false,
+    })
+}
+
 /// Writes the penalty record's identifier, `namespace:key:names:values:penalty`, into `id`
 /// (empty). Counters end in a rate, which always holds a `/`, or in `:concurrent`, so a
 /// penalty record can never share a counter's name.
