@@ -2,8 +2,8 @@
 
 use std::net::IpAddr;
 
-use http::Method;
 use http::request::Parts;
+use http::{Method, Uri};
 use ipnet::IpNet;
 
 use crate::key::client_ip::normalize;
@@ -57,8 +57,14 @@ impl Filters {
     /// Whether the request's method and path concern this layer.
     #[inline]
     pub(crate) fn selects(&self, parts: &Parts) -> bool {
-        (self.methods.is_empty() || self.methods.contains(&parts.method))
-            && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(parts.uri.path())))
+        self.selects_head(&parts.method, &parts.uri)
+    }
+
+    /// [`Filters::selects`] on a method and a URI.
+    #[inline]
+    pub(crate) fn selects_head(&self, method: &Method, uri: &Uri) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
+            && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(uri.path())))
     }
 
     pub(crate) fn needs_client_ip(&self) -> bool {

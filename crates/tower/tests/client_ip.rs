@@ -168,6 +168,16 @@ async fn handlers_see_the_resolved_client_when_asked() {
     };
     let answer = send(&app(layer(true)), whoami()).await;
     assert_eq!((answer.status, answer.body.as_str()), (200, "198.51.100.7"));
+    // An exempt client is not limited, and its handlers still see it.
+    let exempt = RateLimitLayer::builder(limiter.clone(), "web")
+        .selector("ip", Key::client_ip())
+        .client_ip(trusted())
+        .client_ip_extension(true)
+        .exempt(["198.51.100.0/24".parse().unwrap()])
+        .build()
+        .unwrap();
+    let answer = send(&app(exempt), whoami()).await;
+    assert_eq!((answer.status, answer.body.as_str()), (200, "198.51.100.7"));
     // Not asked for: the handler's extractor finds nothing (axum answers 500).
     let answer = send(&app(layer(false)), whoami()).await;
     assert_eq!(answer.status, 500);

@@ -23,6 +23,54 @@ fn by_ip(rule: &str) -> sluice_tower::RateLimitLayerBuilder {
     builder(rule).selector("ip", Key::client_ip())
 }
 
+/// The memory store as a store outside the process would answer: only asynchronously.
+#[derive(Clone)]
+struct Remote(sluice_limiter::MemoryStore);
+
+impl sluice_limiter::Store for Remote {
+    async fn decide(
+        &self,
+        hit: &sluice_limiter::Hit<'_>,
+    ) -> Result<sluice_limiter::Decision, sluice_limiter::StoreError> {
+        self.0.decide(hit).await
+    }
+
+    async fn reset(
+        &self,
+        identifiers: &[sluice_limiter::Identifier],
+    ) -> Result<(), sluice_limiter::StoreError> {
+        self.0.reset(identifiers).await
+    }
+}
+
+/// The client address as the one key (the layer's quickest configuration) over a store that
+/// cannot answer at once: the layer waits for it, and limits.
+#[tokio::test]
+async fn a_store_that_answers_later_still_limits() {
+    let clock = clock();
+    let store = Remote(
+        sluice_limiter::MemoryStore::builder()
+            .clock(clock.clone())
+            .build(),
+    );
+    let limiter = sluice_limiter::Limiter::builder(store)
+        .clock(clock)
+        .policy(Policy::new("web", "ip:2/m").unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder(Arc::new(limiter), "web")
+        .selector("ip", Key::client_ip())
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let statuses = [
+        status(&app, get_request(PEER, "/other")).await,
+        status(&app, get_request(PEER, "/other")).await,
+        status(&app, get_request(PEER, "/other")).await,
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
 #[tokio::test]
 async fn post_only() {
     let app = app(by_ip("ip:1/m").methods([Method::POST]).build().unwrap());
@@ -126,6 +174,34 @@ async fn shadow_mode_admits_and_tells_the_audit_hook() {
             vec![("ip".into(), "203.0.113.9".into())]
         )
     );
+    assert_eq!(stats_of.stats().shadow_denied, 2);
+    assert_eq!(stats_of.stats().denied, 0);
+}
+
+/// A shadow *policy* (not a shadow layer): the limiter admits and says the policy would have
+/// denied; the layer tells the audit hook and counts it. The client address is the one key,
+/// the layer's quickest configuration.
+#[tokio::test]
+async fn a_shadow_policy_admits_and_tells_the_audit_hook() {
+    let (seen, hook) = recorder();
+    let policy = Policy::new("web", "ip:1/m").unwrap().shadow(true);
+    let layer = RateLimitLayer::builder(limiter(&clock(), vec![policy]), "web")
+        .selector("ip", Key::client_ip())
+        .on_denied(hook)
+        .build()
+        .unwrap();
+    let stats_of = layer.clone();
+    let app = app(layer);
+    for _ in 0..3 {
+        assert_eq!(status(&app, get_request(PEER, "/other")).await, 200);
+    }
+    let seen = seen.lock().unwrap();
+    let expected = (
+        Reason::Limited,
+        true,
+        vec![("ip".into(), "203.0.113.9".into())],
+    );
+    assert_eq!(*seen, vec![expected.clone(), expected]);
     assert_eq!(stats_of.stats().shadow_denied, 2);
     assert_eq!(stats_of.stats().denied, 0);
 }

@@ -142,6 +142,8 @@ pub(crate) struct Config {
     /// The one key is the client address, unmapped, and outcomes are not counted: the
     /// selector is the address's key itself, with no list of values to build.
     pub client_ip_only: bool,
+    /// Decided on the request in place (see `quick.rs`): set from the rest once built.
+    pub quick: bool,
     pub needs_body: bool,
     /// Body keys, leases and reservations always take the async path.
     pub always_slow: bool,

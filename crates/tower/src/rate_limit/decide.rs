@@ -21,27 +21,37 @@ pub(super) fn before_now(ctx: &Ctx<'_>) -> Option<Before> {
     if config.wait_up_to.is_some() || config.challenge.is_some() {
         return None;
     }
-    let limiter = &config.limiter;
     let peek = config.outcomes.is_some();
-    let checked = match try_now(limiter, &config.policy, ctx.selectors, 1, peek)? {
+    let checked = try_now(&config.limiter, &config.policy, ctx.selectors, 1, peek)?;
+    Some(judged_now(ctx, checked, peek))
+}
+
+/// The verdict of [`before_now`] on the limiter's answer `checked` (to a peek when `peek`).
+pub(super) fn judged_now(
+    ctx: &Ctx<'_>,
+    checked: Result<Decided, sluice_limiter::Error>,
+    peek: bool,
+) -> Before {
+    let checked = match checked {
         Ok(checked) => checked,
-        Err(error) => return Some(failed(ctx, &error)),
+        Err(error) => return failed(ctx, &error),
     };
     if checked.decision.allowed() {
-        return Some(admit(ctx, checked, peek));
+        return admit(ctx, checked, peek);
     }
     let Some(reason) = Reason::of(&checked.decision) else {
-        return Some(unavailable(ctx, &checked.decision));
+        return unavailable(ctx, &checked.decision);
     };
+    let config = ctx.config;
     if peek && reason == Reason::Limited {
         // The store answered the peek at once, so it answers the count at once too.
-        let counted = try_now(limiter, &config.policy, ctx.selectors, 1, false);
-        return Some(match count_refused(ctx, checked.decision, counted) {
+        let counted = try_now(&config.limiter, &config.policy, ctx.selectors, 1, false);
+        return match count_refused(ctx, checked.decision, counted) {
             Ok(admitted) => admitted,
             Err(decision) => refuse_with(ctx, decision, true, None, None),
-        });
+        };
     }
-    Some(refuse_with(ctx, checked.decision, !peek, None, None))
+    refuse_with(ctx, checked.decision, !peek, None, None)
 }
 
 /// An admitted hit: feeds the header fields, tells the audit hook about a shadow denial.

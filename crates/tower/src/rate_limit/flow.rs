@@ -114,7 +114,7 @@ pub(super) fn prepare(config: &Config, parts: &mut Parts) -> Step {
 }
 
 /// The step a synchronous decision makes (`None`: there was none to make without waiting).
-fn decided(
+pub(super) fn decided(
     config: &Config,
     parts: &mut Parts,
     decided: Option<Before>,

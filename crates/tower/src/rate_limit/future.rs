@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use sluice_core::Decision;
@@ -15,6 +16,7 @@ use super::config::Config;
 use super::finish;
 use super::flow::{self, Step};
 use super::mode::{BodyMode, LayerBody, Wrapped};
+use super::quick::{self, Quick};
 
 type Boxed<O, E> = Pin<Box<dyn Future<Output = Result<Response<O>, E>> + Send>>;
 
@@ -73,37 +75,72 @@ where
     ResBody: Send + 'static,
 {
     /// `call` of [`RateLimit`](super::RateLimit): filters, keys and the decision when none of
-    /// them waits, on the request's head in place; then the inner service, called on `ready`
+    /// them waits, on the request's head in place (on the request itself for the layer's
+    /// quickest configuration, see `quick.rs`); then the inner service, called on `ready`
     /// (the instance polled ready) at once, or the layer's answer. A hit that must wait goes
     /// to the async flow with `ready`, a clone taking its place.
-    pub(crate) fn start(config: &Arc<Config>, ready: &mut S, request: Request<ReqBody>) -> Self {
+    pub(crate) fn start(
+        config: &Arc<Config>,
+        ready: &mut S,
+        mut request: Request<ReqBody>,
+    ) -> Self {
+        if config.quick {
+            match quick::quick(config, &mut request) {
+                Quick::Admit(decision) => {
+                    let finish = finish::needed(config, Some(&decision), None)
+                        .then(|| (config.clone(), Some(decision), None));
+                    return Self::inner(ready.call(request), finish);
+                }
+                Quick::Pass => return Self::inner(ready.call(request), None),
+                Quick::Judge(client_ip, key, checked) => {
+                    let (mut head, body) = request.into_parts();
+                    let step = quick::judged(config, &mut head, client_ip, &key, checked);
+                    return Self::step(config, ready, step, head, body);
+                }
+                Quick::Slow => {
+                    let (head, body) = request.into_parts();
+                    return Self::step(config, ready, Step::Slow, head, body);
+                }
+                Quick::Prepare => {}
+            }
+        }
         let (mut head, body) = request.into_parts();
-        let state = match flow::prepare(config, &mut head) {
-            Step::Answer(response) => State::Answered {
-                response: Some(response.map(M::Body::<ResBody>::full)),
+        let step = flow::prepare(config, &mut head);
+        Self::step(config, ready, step, head, body)
+    }
+
+    /// What [`flow::prepare`]'s step says to do with the request (`head` and `body`).
+    fn step(config: &Arc<Config>, ready: &mut S, step: Step, head: Parts, body: ReqBody) -> Self {
+        match step {
+            Step::Answer(response) => ResponseFuture {
+                state: State::Answered {
+                    response: Some(response.map(M::Body::<ResBody>::full)),
+                },
             },
             Step::Slow => {
                 let clone = ready.clone();
                 let inner = std::mem::replace(ready, clone);
                 let request = Request::from_parts(head, body);
-                State::Boxed {
-                    future: Box::pin(flow::slow(config.clone(), inner, request)),
+                ResponseFuture {
+                    state: State::Boxed {
+                        future: Box::pin(flow::slow(config.clone(), inner, request)),
+                    },
                 }
             }
-            Step::Pass => State::Inner {
-                future: ready.call(Request::from_parts(head, body)),
-                finish: None,
-            },
+            Step::Pass => Self::inner(ready.call(Request::from_parts(head, body)), None),
             Step::Admit { decision, kept } => {
                 let finish = finish::needed(config, decision.as_ref(), kept.as_deref())
                     .then(|| (config.clone(), decision, kept));
-                State::Inner {
-                    future: ready.call(Request::from_parts(head, body)),
-                    finish,
-                }
+                Self::inner(ready.call(Request::from_parts(head, body)), finish)
             }
-        };
-        ResponseFuture { state }
+        }
+    }
+
+    /// The inner service answering; `finish` when its response needs the layer's fields.
+    fn inner(future: S::Future, finish: Option<Finish>) -> Self {
+        ResponseFuture {
+            state: State::Inner { future, finish },
+        }
     }
 }
 

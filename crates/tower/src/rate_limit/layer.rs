@@ -17,6 +17,7 @@ use super::config::{ChallengeConfig, Config, Hold, LayerStats, Stats, WhenMissin
 #[cfg(feature = "axum")]
 use super::mode::Axum;
 use super::mode::Wrapped;
+use super::quick;
 use super::refusal::Refusal;
 use super::service::RateLimit;
 use crate::challenge::Challenge;
@@ -310,7 +311,7 @@ impl RateLimitLayerBuilder {
             && self.outcomes.is_none();
         let fields = PolicyFields::new(&policy);
         let watch = self.limiter.watch(&self.policy);
-        let config = Config {
+        let mut config = Config {
             refusal: Refusal::new(&self.policy),
             fields,
             needs_body,
@@ -321,6 +322,7 @@ impl RateLimitLayerBuilder {
             policy: watch,
             keys: self.keys,
             client_ip_only,
+            quick: false,
             client_ip: self.client_ip,
             client_ip_extension: self.client_ip_extension,
             filters: self.filters,
@@ -335,6 +337,7 @@ impl RateLimitLayerBuilder {
             max_body: self.max_body,
             stats: Stats::default(),
         };
+        config.quick = quick::applies(&config);
         Ok(RateLimitLayer {
             config: Arc::new(config),
             mode: PhantomData,

@@ -12,6 +12,7 @@ mod future;
 mod hold;
 mod layer;
 mod mode;
+mod quick;
 mod refusal;
 mod request;
 mod service;
