@@ -367,19 +367,25 @@ pub(super) fn reset_identifiers(
     ids
 }
 
+#[inline(always)]
 fn value<'a>(
     policy: &CompiledPolicy,
     selectors: &Selectors<'a>,
     name: &str,
 ) -> Result<&'a str, Error> {
-    selectors
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| *v)
-        .ok_or_else(|| Error::MissingSelector {
-            policy: policy.name().to_owned(),
-            selector: name.to_owned(),
-        })
+    match selectors.iter().find(|(n, _)| *n == name) {
+        Some((_, value)) => Ok(value),
+        None => Err(missing_selector(policy, name)),
+    }
+}
+
+/// Out of the way of every check's lookup, which is inlined.
+#[cold]
+fn missing_selector(policy: &CompiledPolicy, name: &str) -> Error {
+    Error::MissingSelector {
+        policy: policy.name().to_owned(),
+        selector: name.to_owned(),
+    }
 }
 
 /// Writes a leaf's identifier into `id` (empty).
@@ -398,26 +404,45 @@ pub(super) fn write_leaf(
     )
 }
 
-/// Whether `id`, written by [`write_leaf`] for `leaf` or a clone of it (the caller knows by
-/// [`CompiledLeaf::uid`]), names the same counter for `selectors`: the selector's value is
-/// the one written as it is (a hashed value is written anew). A missing selector is the
-/// same error as [`write_leaf`]'s.
-pub(super) fn names_again(
-    id: &Identifier,
+/// Writes a leaf's identifier into `id`, unless `id` holds it already: `id` was written
+/// for `leaf` (or a clone) when `written` is true, and names the same counter if the
+/// selector's value is the one it holds as it is (a hashed value is written anew).
+/// Either way the same identifier, or the same missing-selector error, as [`write_leaf`].
+pub(super) fn write_leaf_again(
+    id: &mut Identifier,
+    written: bool,
     policy: &CompiledPolicy,
     leaf: &CompiledLeaf,
     selectors: &Selectors<'_>,
-) -> Result<bool, Error> {
+) -> Result<(), Error> {
     let fixed = leaf.prefix.len() + leaf.suffix.len();
-    Ok(match leaf.leaf.selector.names() {
-        [] => id.len() == fixed,
+    match leaf.leaf.selector.names() {
+        [] if written && id.len() == fixed => Ok(()),
+        // The usual leaf: its one value is looked up once, whether it is written or not.
         [name] => {
             let value = value(policy, selectors, name)?;
-            let written = id.get(leaf.prefix.len()..id.len().saturating_sub(leaf.suffix.len()));
-            id.len() >= fixed && written == Some(value) && !value.starts_with('#')
+            let held = id.get(leaf.prefix.len()..id.len().saturating_sub(leaf.suffix.len()));
+            if written && id.len() >= fixed && held == Some(value) && !value.starts_with('#') {
+                return Ok(());
+            }
+            id.clear();
+            let name = id.name_mut();
+            name.push_str(&leaf.prefix);
+            let start = name.len();
+            push_value(name, value);
+            let end = name.len();
+            name.push_str(&leaf.suffix);
+            id.set_group(match leaf.group {
+                GroupAt::Prefix(len) => 0..len,
+                GroupAt::Value(_) => start..end,
+            });
+            Ok(())
         }
-        _ => false,
-    })
+        _ => {
+            id.clear();
+            write_leaf(id, policy, leaf, selectors)
+        }
+    }
 }
 
 /// Writes the penalty record's identifier, `namespace:key:names:values:penalty`, into `id`
