@@ -1,6 +1,7 @@
 //! Concurrency leases and reservations on a [`Limiter`].
 
-use super::decide::{finish, hit, write_leaf, write_penalty};
+use super::decide::{finish, hit};
+use super::identify::{write_leaf, write_penalty};
 use super::{Error, Limiter, PolicyArg, PolicyRef, Selectors, counting};
 use crate::identifier::{Identifier, Identifiers};
 use crate::lease::{

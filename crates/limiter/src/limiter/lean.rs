@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 
 use sluice_core::Recording;
 
-use super::decide::{Answer, hit, write_leaf_again};
+use super::decide::{Answer, hit};
+use super::identify::write_leaf_again;
 use super::{Error, Limiter, Selectors};
 use crate::identifier::Identifier;
 use crate::policy::CompiledPolicy;
@@ -103,7 +104,7 @@ impl Limiter {
 
 #[cfg(test)]
 mod tests {
-    use super::super::decide::{write_leaf, write_leaf_again};
+    use super::super::identify::{write_leaf, write_leaf_again};
     use crate::identifier::Identifier;
     use crate::policy::{CompiledPolicy, Policy};
 

@@ -3,6 +3,7 @@
 mod acquire;
 mod decide;
 mod handle;
+mod identify;
 mod lean;
 mod prefetch;
 
@@ -428,7 +429,7 @@ impl Limiter {
         selectors: &Selectors<'_>,
     ) -> Result<(), Error> {
         let policy = self.resolve(policy.into())?;
-        let ids = decide::reset_identifiers(&policy, selectors);
+        let ids = identify::reset_identifiers(&policy, selectors);
         self.store.reset(&ids).await?;
         if let Some(cache) = &self.near_cache {
             cache.clear();
