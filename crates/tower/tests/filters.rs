@@ -149,61 +149,45 @@ fn recorder() -> (
     (seen, hook)
 }
 
+/// A shadow layer, and a shadow *policy* behind an ordinary layer keyed by the client
+/// address (the limiter admits and says the policy would have denied; the layer's quickest
+/// configuration): both admit, tell the audit hook and count. Only the shadow layer hides
+/// its header fields.
 #[tokio::test]
 async fn shadow_mode_admits_and_tells_the_audit_hook() {
-    let (seen, hook) = recorder();
-    let layer = by_ip("ip:1/m")
-        .shadow(true)
-        .on_denied(hook)
-        .build()
-        .unwrap();
-    let stats_of = layer.clone();
-    let app = app(layer);
-    for _ in 0..3 {
-        let a = send(&app, get_request(PEER, "/other")).await;
-        assert_eq!(a.status, 200);
-        assert_eq!(a.header("ratelimit"), None, "a shadow layer is invisible");
-    }
-    let seen = seen.lock().unwrap();
-    assert_eq!(seen.len(), 2);
-    assert_eq!(
-        seen[0],
+    let shadow_policy = Policy::new("web", "ip:1/m").unwrap().shadow(true);
+    let builders = [
+        (by_ip("ip:1/m").shadow(true), true),
         (
+            RateLimitLayer::builder(limiter(&clock(), vec![shadow_policy]), "web")
+                .selector("ip", Key::client_ip()),
+            false,
+        ),
+    ];
+    for (builder, invisible) in builders {
+        let (seen, hook) = recorder();
+        let layer = builder.on_denied(hook).build().unwrap();
+        let stats_of = layer.clone();
+        let app = app(layer);
+        for _ in 0..3 {
+            let a = send(&app, get_request(PEER, "/other")).await;
+            assert_eq!(a.status, 200);
+            assert_eq!(a.header("ratelimit").is_none(), invisible);
+        }
+        let seen = seen.lock().unwrap();
+        let expected = (
             Reason::Limited,
             true,
-            vec![("ip".into(), "203.0.113.9".into())]
-        )
-    );
-    assert_eq!(stats_of.stats().shadow_denied, 2);
-    assert_eq!(stats_of.stats().denied, 0);
-}
-
-/// A shadow *policy* (not a shadow layer): the limiter admits and says the policy would have
-/// denied; the layer tells the audit hook and counts it. The client address is the one key,
-/// the layer's quickest configuration.
-#[tokio::test]
-async fn a_shadow_policy_admits_and_tells_the_audit_hook() {
-    let (seen, hook) = recorder();
-    let policy = Policy::new("web", "ip:1/m").unwrap().shadow(true);
-    let layer = RateLimitLayer::builder(limiter(&clock(), vec![policy]), "web")
-        .selector("ip", Key::client_ip())
-        .on_denied(hook)
-        .build()
-        .unwrap();
-    let stats_of = layer.clone();
-    let app = app(layer);
-    for _ in 0..3 {
-        assert_eq!(status(&app, get_request(PEER, "/other")).await, 200);
+            vec![("ip".into(), "203.0.113.9".into())],
+        );
+        assert_eq!(
+            *seen,
+            vec![expected.clone(), expected],
+            "shadow layer: {invisible}"
+        );
+        assert_eq!(stats_of.stats().shadow_denied, 2);
+        assert_eq!(stats_of.stats().denied, 0);
     }
-    let seen = seen.lock().unwrap();
-    let expected = (
-        Reason::Limited,
-        true,
-        vec![("ip".into(), "203.0.113.9".into())],
-    );
-    assert_eq!(*seen, vec![expected.clone(), expected]);
-    assert_eq!(stats_of.stats().shadow_denied, 2);
-    assert_eq!(stats_of.stats().denied, 0);
 }
 
 /// The usual refusal is pre-rendered into the request's own header map: the audit hook
