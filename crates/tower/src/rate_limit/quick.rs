@@ -6,8 +6,8 @@
 //!
 //! Measured with `benches/instructions.sh`: taking the request apart and putting it back
 //! (two copies of its few hundred bytes), the general flow's intermediate steps and the
-//! key's move between them were about a sixth of what the layer added to an admitted
-//! request without header fields.
+//! key's move between them were 198 of the 1,785 instructions the layer added to an
+//! admitted request without header fields.
 
 use std::net::IpAddr;
 
