@@ -95,6 +95,11 @@ pub(crate) struct LeaseParts {
     pub(crate) quotas: Vec<Quota>,
     /// The selector values these identifiers were made of, as a token carries them.
     pub(crate) selectors: TokenSelectors,
+    /// The [`CompiledLeaf::uid`](crate::policy::CompiledLeaf) of the one leaf whose
+    /// identifier and token bytes these parts hold, for the next acquire of that leaf on
+    /// this thread to keep them (see `Limiter::acquire_one`); 0 when they are not one
+    /// leaf's.
+    pub(crate) leaf: u64,
 }
 
 impl LeaseParts {

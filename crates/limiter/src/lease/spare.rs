@@ -1,6 +1,6 @@
 //! Spare lease parts, per thread: the lists of dropped leases, kept for the next acquires.
 
-use super::{LeaseParts, TokenSelectors};
+use super::LeaseParts;
 
 thread_local! {
     /// The lists of leases dropped on this thread, for the next acquires' (see
@@ -25,11 +25,7 @@ impl LeaseParts {
             spare.set(list);
             parts
         });
-        kept.ok().flatten().unwrap_or_else(|| LeaseParts {
-            identifiers: Vec::new(),
-            quotas: Vec::new(),
-            selectors: TokenSelectors::default(),
-        })
+        kept.ok().flatten().unwrap_or_default()
     }
 
     /// Moves these parts' lists to this thread's spares (a dropped lease's), if there is room.
@@ -45,13 +41,10 @@ impl LeaseParts {
         {
             return;
         }
-        let mut parts = LeaseParts {
-            identifiers: std::mem::take(&mut self.identifiers),
-            quotas: std::mem::take(&mut self.quotas),
-            selectors: std::mem::take(&mut self.selectors),
-        };
+        // The identifiers and token bytes stay as they are, with the leaf they were
+        // written for: the next acquire of that leaf with the same value keeps them.
+        let mut parts = std::mem::take(self);
         parts.quotas.clear();
-        parts.selectors.clear();
         // During thread teardown there is nowhere to keep them: they are freed.
         let _ = SPARE_PARTS.try_with(|spare| {
             let mut list = spare.take();

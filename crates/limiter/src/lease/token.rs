@@ -64,11 +64,6 @@ impl TokenSelectors {
         }
     }
 
-    /// Empties these bytes, keeping their room.
-    pub(crate) fn clear(&mut self) {
-        self.0.clear();
-    }
-
     pub(crate) fn capacity(&self) -> usize {
         self.0.capacity()
     }

@@ -1,7 +1,7 @@
 //! Concurrency leases and reservations on a [`Limiter`].
 
 use super::decide::{finish, hit};
-use super::identify::{write_leaf, write_penalty};
+use super::identify::{write_leaf, write_leaf_again, write_penalty};
 use super::{Error, Limiter, PolicyArg, PolicyRef, Selectors, counting};
 use crate::identifier::{Identifier, Identifiers};
 use crate::lease::{
@@ -67,6 +67,7 @@ impl Limiter {
         let decision = self.store.acquire(&hit, id.0).await?;
         let lease = decision.allowed().then(|| {
             let mut parts = LeaseParts::spare();
+            parts.leaf = 0;
             let concurrent = policy
                 .leaves
                 .iter()
@@ -104,23 +105,31 @@ impl Limiter {
     /// [`Limiter::acquire`] for a rule of one concurrency leaf and no penalty (the usual
     /// lease): its identifier is written straight into the parts the lease will keep (a
     /// dropped lease's, reused), not into the thread's check buffers and then swapped over.
+    /// When those parts were this leaf's, with the same value, they are kept as they are:
+    /// the identifier, and the token bytes it was written with.
     async fn acquire_one(
         &self,
         policy: PolicyRef,
         selectors: &Selectors<'_>,
     ) -> Result<Acquired, Error> {
         let mut parts = LeaseParts::spare();
-        parts.identifiers.truncate(1);
+        let leaf = &policy.leaves[0];
+        let written = parts.leaf == leaf.uid && parts.identifiers.len() == 1;
+        // Whatever happens below, these parts are this leaf's only once both are written.
+        parts.leaf = 0;
         if parts.identifiers.is_empty() {
             parts.identifiers.push(Identifier::default());
         }
-        parts.identifiers[0].clear();
-        let written = write_leaf(
-            &mut parts.identifiers[0],
-            &policy,
-            &policy.leaves[0],
-            selectors,
-        );
+        parts.identifiers.truncate(1);
+        let written =
+            write_leaf_again(&mut parts.identifiers[0], written, &policy, leaf, selectors).map(
+                |kept| {
+                    if !kept {
+                        parts.selectors.write(lease_names(&policy), selectors);
+                    }
+                    parts.leaf = leaf.uid;
+                },
+            );
         let id = LeaseId::random();
         let (decided, taken) = match written {
             Ok(()) => {
@@ -149,7 +158,6 @@ impl Limiter {
             }
         };
         parts.quotas.push(policy.leaves[0].quota);
-        parts.selectors.write(lease_names(&policy), selectors);
         let lease = Lease::new(id, self.store.clone(), parts, taken);
         Ok(Acquired {
             checked: finish(policy, decision, false),
@@ -263,6 +271,7 @@ impl Limiter {
             identifiers,
             quotas,
             selectors: TokenSelectors::new(names, &selectors),
+            leaf: 0,
         };
         Ok(Lease::rebuilt(id, self.store.clone(), parts))
     }
@@ -356,6 +365,56 @@ mod tests {
             }
             // Every slot of the two-leaf rule is free again.
             assert!(limiter.acquire("two", alice).await.unwrap().lease.is_some());
+        });
+    }
+
+    /// A one-leaf lease keeps a dropped lease's identifier and token bytes only for the
+    /// same leaf and value: each token, rebuilt, releases its own slot, through values that
+    /// repeat, values that differ by a byte, hashed values, and two policies whose leaves
+    /// have the same rule (not the same identifier).
+    #[test]
+    fn kept_lease_parts_name_their_own_value() {
+        use crate::{MemoryStore, Policy, Released};
+
+        let limiter = Limiter::builder(MemoryStore::new())
+            .policy(Policy::new("one", "user:1 concurrent").unwrap())
+            .policy(Policy::new("two", "user:1 concurrent").unwrap())
+            .build()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let long = "v".repeat(300);
+        let steps = [
+            ("one", "alice"),
+            ("one", "alice"),
+            ("two", "alice"),
+            ("one", "alice"),
+            ("one", "alicf"),
+            ("one", "#x"),
+            ("one", "#x"),
+            ("two", &long),
+            ("two", &long),
+            ("two", "a b"),
+            ("two", "a b"),
+            ("one", "alice"),
+        ];
+        runtime.block_on(async {
+            for (policy, value) in steps {
+                let user = &[("user", value)];
+                let lease = limiter.acquire(policy, user).await.unwrap().lease.unwrap();
+                let token = lease.token();
+                lease.forget();
+                assert!(limiter.acquire(policy, user).await.unwrap().lease.is_none());
+                let rebuilt = limiter.lease(policy, &token).unwrap();
+                assert_eq!(
+                    rebuilt.release().await.unwrap(),
+                    Released::Released,
+                    "{policy} {value:?}: the token names the lease's own value"
+                );
+                let again = limiter.acquire(policy, user).await.unwrap().lease;
+                assert!(again.is_some(), "{policy} {value:?}: its slot is free");
+            }
         });
     }
 }

@@ -72,7 +72,8 @@ pub(super) fn write_leaf(
 /// Writes a leaf's identifier into `id`, unless `id` holds it already: `id` was written
 /// for `leaf` (or a clone) when `written` is true, and names the same counter if the
 /// selector's value is the one it holds as it is (a hashed value is written anew).
-/// Either way the same identifier, or the same missing-selector error, as [`write_leaf`].
+/// Either way the same identifier, or the same missing-selector error, as [`write_leaf`];
+/// `true` when `id` was kept as it was.
 #[inline]
 pub(super) fn write_leaf_again(
     id: &mut Identifier,
@@ -80,16 +81,16 @@ pub(super) fn write_leaf_again(
     policy: &CompiledPolicy,
     leaf: &CompiledLeaf,
     selectors: &Selectors<'_>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let fixed = leaf.prefix.len() + leaf.suffix.len();
     match leaf.leaf.selector.names() {
-        [] if written && id.len() == fixed => Ok(()),
+        [] if written && id.len() == fixed => Ok(true),
         // The usual leaf: its one value is looked up once, whether it is written or not.
         [name] => {
             let value = value(policy, selectors, name)?;
             let held = id.get(leaf.prefix.len()..id.len().saturating_sub(leaf.suffix.len()));
             if written && id.len() >= fixed && held == Some(value) && !value.starts_with('#') {
-                return Ok(());
+                return Ok(true);
             }
             id.clear();
             let name = id.name_mut();
@@ -102,11 +103,11 @@ pub(super) fn write_leaf_again(
                 GroupAt::Prefix(len) => 0..len,
                 GroupAt::Value(_) => start..end,
             });
-            Ok(())
+            Ok(false)
         }
         _ => {
             id.clear();
-            write_leaf(id, policy, leaf, selectors)
+            write_leaf(id, policy, leaf, selectors).map(|()| false)
         }
     }
 }

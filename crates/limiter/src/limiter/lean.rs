@@ -119,19 +119,32 @@ mod tests {
             "user+ip:10/m",
             "and(user:10/m, ip:20/m)",
         ];
-        let values = ["alice", "bob", "a b", "", "alice"];
+        let values = [
+            "alice", "alice", "bob", "bob", "a b", "a b", "", "", "alice",
+        ];
         for rule in rules {
             let policy = CompiledPolicy::compile(Policy::new("p", rule).unwrap()).unwrap();
             for leaf in &policy.leaves {
                 let mut kept = Identifier::with_capacity(8);
                 let mut written = false;
+                let (mut last, mut kept_times) = (None, 0);
                 for value in values {
                     let selectors = [("user", value), ("ip", value)];
                     let mut fresh = Identifier::with_capacity(8);
                     write_leaf(&mut fresh, &policy, leaf, &selectors).unwrap();
-                    write_leaf_again(&mut kept, written, &policy, leaf, &selectors).unwrap();
+                    let same =
+                        write_leaf_again(&mut kept, written, &policy, leaf, &selectors).unwrap();
                     written = true;
                     assert_eq!(kept.parts(), fresh.parts(), "{rule}: {value:?}");
+                    // A lease keeps its token's bytes when its identifier is kept: only
+                    // when the leaf's values are those it was written of.
+                    let global = leaf.leaf.selector.names().is_empty();
+                    assert!(!same || global || last == Some(value), "{rule}: {value:?}");
+                    last = Some(value);
+                    kept_times += usize::from(same);
+                }
+                if leaf.leaf.selector.names().len() < 2 {
+                    assert!(kept_times >= 2, "{rule}: kept {kept_times} times");
                 }
             }
         }
