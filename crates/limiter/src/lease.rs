@@ -12,6 +12,7 @@ pub use sluice_core::algorithm::concurrency::Released;
 
 use crate::identifier::Identifier;
 use crate::limiter::{Checked, Error};
+use crate::memory::{MemoryStore, SetHandle};
 use crate::store::{DynStore, LeaseKeys, Settlement, Store};
 
 mod spare;
@@ -100,6 +101,26 @@ pub(crate) struct LeaseParts {
     /// this thread to keep them (see `Limiter::acquire_one`); 0 when they are not one
     /// leaf's.
     pub(crate) leaf: u64,
+    /// On the memory store, a handle to the lease set of the one identifier (see
+    /// [`MemoryStore::acquire_held`]): the release, and the next acquire of that identifier
+    /// on this thread, go to the set without the table. Cleared whenever the identifier
+    /// is written anew.
+    pub(crate) set: Option<SetHandle>,
+}
+
+impl LeaseParts {
+    /// Releases lease `id` of these parts on the memory store, through their set's handle
+    /// when they have one.
+    fn release_in(&self, memory: &MemoryStore, id: u64) -> Released {
+        match self
+            .set
+            .as_ref()
+            .and_then(|set| memory.release_held(set, id))
+        {
+            Some(found) => found,
+            None => memory.release_now(&self.keys(None), id),
+        }
+    }
 }
 
 impl LeaseParts {
@@ -206,7 +227,7 @@ impl Lease {
         self.done = true;
         if let Some(memory) = self.store.as_memory() {
             // In process: nothing to wait for.
-            return Ok(memory.release_now(&self.parts.keys(None), self.id.0));
+            return Ok(self.parts.release_in(memory, self.id.0));
         }
         let keys = self.parts.keys(self.taken());
         Ok(self.store.release(&keys, self.id.0).await?)
@@ -238,7 +259,7 @@ impl Drop for Lease {
         if !self.done {
             match self.store.as_memory() {
                 Some(memory) => {
-                    memory.release_now(&self.parts.keys(None), self.id.0);
+                    self.parts.release_in(memory, self.id.0);
                 }
                 None => self.release_in_background(),
             }

@@ -67,7 +67,7 @@ impl Limiter {
         let decision = self.store.acquire(&hit, id.0).await?;
         let lease = decision.allowed().then(|| {
             let mut parts = LeaseParts::spare();
-            parts.leaf = 0;
+            (parts.leaf, parts.set) = (0, None);
             let concurrent = policy
                 .leaves
                 .iter()
@@ -122,21 +122,26 @@ impl Limiter {
         }
         parts.identifiers.truncate(1);
         let written =
-            write_leaf_again(&mut parts.identifiers[0], written, &policy, leaf, selectors).map(
-                |kept| {
-                    if !kept {
-                        parts.selectors.write(lease_names(&policy), selectors);
-                    }
-                    parts.leaf = leaf.uid;
-                },
-            );
+            match write_leaf_again(&mut parts.identifiers[0], written, &policy, leaf, selectors) {
+                Ok(true) => Ok(()),
+                kept => {
+                    // A new identifier: new token bytes, and no handle to its set yet.
+                    parts.set = None;
+                    kept.map(|_| parts.selectors.write(lease_names(&policy), selectors))
+                }
+            };
+        if written.is_ok() {
+            parts.leaf = leaf.uid;
+        }
         let id = LeaseId::random();
         let (decided, taken) = match written {
             Ok(()) => {
                 let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
                 match self.store.as_memory() {
                     // In process: nothing to wait for, and no age to keep (see `sent_at`).
-                    Some(memory) => (Ok(memory.acquire_now(&hit, id.0)), None),
+                    // The lease set is reached through the parts' handle when they have
+                    // one for this identifier, and they keep one for the release.
+                    Some(memory) => (Ok(memory.acquire_held(&hit, id.0, &mut parts.set)), None),
                     None => {
                         let taken = self.sent_at();
                         let decided = self.store.acquire(&hit, id.0).await;
@@ -272,6 +277,7 @@ impl Limiter {
             quotas,
             selectors: TokenSelectors::new(names, &selectors),
             leaf: 0,
+            set: None,
         };
         Ok(Lease::rebuilt(id, self.store.clone(), parts))
     }

@@ -1,33 +1,49 @@
 //! Concurrency leases and reservations in the memory store.
 //!
 //! A lease set is a cell of its shard's table with a lock of its own
-//! ([`CellValue::Leases`]), dropped by a sweep once its last lease has expired. The common
-//! case, a rule of one concurrency leaf, acquires, releases and renews under the shard's
-//! shared lock and the set's lock: other identifiers of the shard do not wait, and the
-//! shard's exclusive lock (eight lock words, one per reader slot) is not taken twice per
-//! acquire + release. Every other step (compound rules, penalties, reservations, a set's
-//! first acquire) runs like a compound rule's decision: the exclusive locks of the shards
-//! involved, taken in shard order, around the core's pure functions. Holding a shard's
-//! exclusive lock excludes every holder of its shared lock, so it reaches the sets without
-//! taking their own locks, and both paths see one set.
+//! ([`CellValue::Leases`]), dropped by a sweep once its last lease has expired. Every step
+//! on a set holds the set's lock, and reaches the set one of three ways:
 //!
-//! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread), acquire +
-//! release on the store: 1,158 instructions with the exclusive lock taken twice, 707 now,
-//! against 246 for `tokio::sync::Semaphore` (callgrind, see the README for the command); in
-//! time about 74 ns against the semaphore's 24 ns, about 3x.
+//! - A rule of one concurrency leaf, from a [`Lease`](crate::Lease) holder: through the
+//!   [`SetHandle`] its acquire left, with no hash, table lookup or shard lock. The thread
+//!   keeps the handle with a dropped lease's identifier (see `Limiter::acquire_one`), so
+//!   the next acquire of that identifier on the thread takes it too.
+//! - A rule of one concurrency leaf otherwise (the erased store's calls, a lease rebuilt
+//!   from its token, a renew): the shard's shared lock, then the set's.
+//! - Every other step (compound rules, penalties, reservations, a set's first acquire): the
+//!   exclusive locks of the shards involved, in shard order, then the sets' locks, held
+//!   for the whole step, around the core's pure functions (see `locked.rs`).
+//!
+//! A handle must never reach a set the table no longer holds, or a lease taken there would
+//! be invisible to every other path. The table's reference ([`TableSet`]) marks its set
+//! gone under the set's lock when it is dropped, and a sweep or eviction decides and marks
+//! in one hold of that lock (`Cell::retained`); a handle that finds its set gone goes to
+//! the table instead, and a release through it answers `NotHeld`, as the table would.
+//!
+//! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread; see the
+//! README), acquire + release through the `Limiter`: 1,212 instructions with the handle,
+//! 1,414 through the table, against 246 for `tokio::sync::Semaphore`.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sluice_core::algorithm::concurrency::{self, Released};
-use sluice_core::{Algorithm, Decision, Quota, State, evaluate};
+use sluice_core::{Algorithm, Decision, Quota, State, Verdict, evaluate};
 
-use parking_lot::Mutex;
-
-use super::table::{Cell, CellValue};
+use super::table::{Cell, CellValue, SetState, SharedSet, TableSet};
 use super::{MemoryStore, put_cell};
 use crate::identifier::Identifier;
 use crate::store::{Hit, LeaseKeys, Settlement};
+
+/// A holder's way to the lease set its lease was taken in, without the table: kept with
+/// the lease for its release, and by the thread for the next acquire of the same
+/// identifier (see [`MemoryStore::acquire_held`]).
+#[derive(Debug, Clone)]
+pub(crate) struct SetHandle {
+    /// [`MemoryStore`]'s number: a handle works only on the store that made it.
+    store: u64,
+    set: SharedSet,
+}
 
 impl MemoryStore {
     /// Leases that expired instead of being released, so far: each is a holder that vanished
@@ -43,7 +59,7 @@ impl MemoryStore {
         if let ([id], [quota], None) = (hit.identifiers, ev.quotas, ev.penalty)
             && quota.algorithm() == Algorithm::Concurrency
         {
-            return self.acquire_one(id, quota, lease);
+            return self.acquire_one(id, quota, lease, None);
         }
         let now = self.inner.clock.now();
         let penalty = hit.penalty_identifier.zip(ev.penalty);
@@ -80,12 +96,13 @@ impl MemoryStore {
         &self,
         id: &Identifier,
         hash: u64,
-        step: impl FnOnce(&mut concurrency::Leases) -> R,
+        step: impl FnOnce(&SharedSet, &mut SetState) -> R,
     ) -> Option<R> {
         let table = self.inner.shards[self.shard_of(hash)].read();
         match table.cells.find(hash, |(k, _)| k == id.as_str()) {
             Some((_, cell)) => match &cell.value {
-                CellValue::Leases(leases) => Some(step(&mut leases.lock())),
+                // The shared lock is held: the table cannot let go of the set (`gone`).
+                CellValue::Leases(set) => Some(step(&set.0, &mut set.0.lock())),
                 _ => None,
             },
             None => None,
@@ -97,15 +114,32 @@ impl MemoryStore {
     /// identifiers of the shard do not wait, and none of a compound rule's bookkeeping is
     /// done. An emptied set stays in the table (expired, so a sweep may drop it), and the
     /// next acquire does not allocate it again. Only the first acquire of an identifier
-    /// takes the shard's exclusive lock, to add the set.
-    fn acquire_one(&self, id: &Identifier, quota: &Quota, lease: u64) -> Decision {
+    /// takes the shard's exclusive lock, to add the set. With `keep`, a handle to the set
+    /// is left there (see [`MemoryStore::acquire_held`]).
+    fn acquire_one(
+        &self,
+        id: &Identifier,
+        quota: &Quota,
+        lease: u64,
+        mut keep: Option<&mut Option<SetHandle>>,
+    ) -> Decision {
         let hash = self.hash(id);
         let now = self.inner.clock.now();
-        let step = |leases: &mut concurrency::Leases| {
-            let expired = leases.drop_expired(now);
-            (expired, concurrency::acquire(quota, leases, now, lease))
+        let store = self.inner.id;
+        let mut step = |set: &SharedSet, state: &mut SetState| {
+            if let Some(keep) = keep.as_deref_mut() {
+                *keep = Some(SetHandle {
+                    store,
+                    set: set.clone(),
+                });
+            }
+            let expired = state.leases.drop_expired(now);
+            (
+                expired,
+                concurrency::acquire(quota, &mut state.leases, now, lease),
+            )
         };
-        let (expired, verdict) = match self.in_place(id, hash, step) {
+        let (expired, verdict) = match self.in_place(id, hash, &mut step) {
             Some(done) => done,
             None => {
                 let mut table = self.inner.shards[self.shard_of(hash)].write();
@@ -114,28 +148,91 @@ impl MemoryStore {
                     Some((
                         _,
                         Cell {
-                            value: CellValue::Leases(leases),
+                            value: CellValue::Leases(set),
                             ..
                         },
-                    )) => step(leases.get_mut()),
+                    )) => step(&set.0, &mut set.0.lock()),
                     _ => {
-                        let mut leases = concurrency::Leases::default();
-                        let verdict = concurrency::acquire(quota, &mut leases, now, lease);
-                        let value = CellValue::Leases(Mutex::new(leases));
+                        let set = TableSet::new(concurrency::Leases::default());
+                        let done = step(&set.0, &mut set.0.lock());
+                        let value = CellValue::Leases(set);
                         let swept = put_cell(&mut table, hash, id, value, 0, self, now);
                         drop(table);
                         self.count_swept(swept);
-                        (0, verdict)
+                        done
                     }
                 }
             }
         };
+        self.acquired(expired, &verdict, quota)
+    }
+
+    /// An acquire's decision, the leases it found expired counted.
+    #[inline]
+    fn acquired(&self, expired: u64, verdict: &Verdict, quota: &Quota) -> Decision {
         if expired > 0 {
             self.inner
                 .leases_expired
                 .fetch_add(expired, Ordering::Relaxed);
         }
-        Decision::from_verdict(&verdict, 0, quota.tick()).occupied()
+        Decision::from_verdict(verdict, 0, quota.tick()).occupied()
+    }
+
+    /// [`MemoryStore::acquire_now`] for a holder that keeps a handle to its lease set. A
+    /// rule of one concurrency leaf takes the lease through `handle` when it is this
+    /// store's and the table still holds its set: neither the identifier's hash nor the
+    /// shard's lock, only the set's. Otherwise as `acquire_now`, and `handle` is left on
+    /// the set the lease was taken in (or `None` for other rules).
+    ///
+    /// The caller keeps `handle` with the identifier it was taken for: it names that
+    /// identifier's set, and no other.
+    pub(crate) fn acquire_held(
+        &self,
+        hit: &Hit<'_>,
+        lease: u64,
+        handle: &mut Option<SetHandle>,
+    ) -> Decision {
+        let ev = &hit.evaluation;
+        if let ([id], [quota], None) = (hit.identifiers, ev.quotas, ev.penalty)
+            && quota.algorithm() == Algorithm::Concurrency
+        {
+            if let Some(held) = handle.as_ref().filter(|h| h.store == self.inner.id) {
+                let now = self.inner.clock.now();
+                let mut set = held.set.lock();
+                if !set.gone {
+                    let expired = set.leases.drop_expired(now);
+                    let verdict = concurrency::acquire(quota, &mut set.leases, now, lease);
+                    drop(set);
+                    return self.acquired(expired, &verdict, quota);
+                }
+            }
+            return self.acquire_one(id, quota, lease, Some(handle));
+        }
+        *handle = None;
+        self.acquire_now(hit, lease)
+    }
+
+    /// Releases `lease` through a handle [`MemoryStore::acquire_held`] left on the set it
+    /// was taken in: `None` when the handle is another store's (release by the table). A
+    /// set the table let go of holds no lease: [`Released::NotHeld`], as the table would
+    /// answer.
+    pub(crate) fn release_held(&self, handle: &SetHandle, lease: u64) -> Option<Released> {
+        if handle.store != self.inner.id {
+            return None;
+        }
+        let now = self.inner.clock.now();
+        let found = {
+            let mut set = handle.set.lock();
+            if set.gone {
+                Released::NotHeld
+            } else {
+                concurrency::release(&mut set.leases, now, lease)
+            }
+        };
+        if found == Released::Expired {
+            self.inner.leases_expired.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(found)
     }
 
     /// [`Store::release`](crate::Store::release), synchronously.
@@ -144,8 +241,8 @@ impl MemoryStore {
         if let [id] = leases.identifiers {
             // One leaf: release in place (an emptied set stays, expired, for the next acquire).
             let found = self
-                .in_place(id, self.hash(id), |held| {
-                    concurrency::release(held, now, lease)
+                .in_place(id, self.hash(id), |_, held| {
+                    concurrency::release(&mut held.leases, now, lease)
                 })
                 .unwrap_or(Released::NotHeld);
             if found == Released::Expired {
@@ -178,8 +275,8 @@ impl MemoryStore {
         let now = self.inner.clock.now();
         if let ([id], [quota]) = (leases.identifiers, leases.quotas) {
             // One leaf: renew in place; no set, no lease to renew.
-            let renewed = self.in_place(id, self.hash(id), |held| {
-                concurrency::renew(quota, held, now, lease)
+            let renewed = self.in_place(id, self.hash(id), |_, held| {
+                concurrency::renew(quota, &mut held.leases, now, lease)
             });
             return renewed.flatten().map(|at| Duration::from_nanos(at - now));
         }
@@ -231,8 +328,79 @@ impl MemoryStore {
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
-    use crate::{Limiter, MemoryStore, Policy};
+    use crate::{Limiter, ManualClock, MemoryStore, Policy, Released};
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    /// A lease keeps a handle to its set, and its thread reuses it for the next acquire of
+    /// the identifier; once the table has let go of that set (here a sweep of an expired
+    /// lease), neither the release nor the next acquire may use it: the release finds
+    /// nothing, as the table would answer, and the acquire takes its slot in the table's
+    /// new set, where a second acquire is refused.
+    #[test]
+    fn a_handle_to_a_set_the_table_dropped_is_not_used() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("one", "x:1 concurrent lease=1s").unwrap())
+            .build()
+            .unwrap();
+        let x = &[("x", "a")];
+        runtime().block_on(async {
+            let first = limiter.acquire("one", x).await.unwrap().lease.unwrap();
+            clock.advance(Duration::from_secs(2));
+            store.sweep();
+            assert_eq!(first.release().await.unwrap(), Released::NotHeld);
+
+            let kept = limiter.acquire("one", x).await.unwrap().lease.unwrap();
+            kept.forget();
+            clock.advance(Duration::from_secs(2));
+            store.sweep();
+            // This thread's spare parts hold the handle to the swept set.
+            let second = limiter.acquire("one", x).await.unwrap();
+            assert!(second.lease.is_some());
+            let third = limiter.acquire("one", x).await.unwrap();
+            assert!(
+                third.lease.is_none(),
+                "the table's set holds the second lease"
+            );
+            drop(second);
+            assert!(limiter.acquire("one", x).await.unwrap().lease.is_some());
+        });
+    }
+
+    /// Two limiters on two memory stores, one policy handle: a set handle is one store's,
+    /// and a lease taken with the same leaf and value on the other store goes to that
+    /// store's own set.
+    #[test]
+    fn a_handle_is_used_only_on_its_own_store() {
+        let policy = Policy::new("one", "x:1 concurrent").unwrap();
+        let a = Limiter::builder(MemoryStore::new())
+            .policy(policy.clone())
+            .build()
+            .unwrap();
+        let b = Limiter::builder(MemoryStore::new())
+            .policy(policy)
+            .build()
+            .unwrap();
+        let one = a.policy("one").unwrap();
+        let x = &[("x", "a")];
+        runtime().block_on(async {
+            let on_a = a.acquire(&one, x).await.unwrap().lease.unwrap();
+            assert_eq!(on_a.release().await.unwrap(), Released::Released);
+            // The same compiled leaf and value: the spare parts' identifier is kept.
+            let on_b = b.acquire(&one, x).await.unwrap().lease.unwrap();
+            let held_on_a = a.acquire(&one, x).await.unwrap();
+            assert!(held_on_a.lease.is_some(), "store a holds nothing of b's");
+            assert_eq!(on_b.release().await.unwrap(), Released::Released);
+        });
+    }
 
     /// Threads take leases on one identifier, half through a one-leaf rule (the shard's
     /// shared lock and the set's own) and half through a compound rule (the shard's
@@ -250,11 +418,6 @@ mod tests {
                 .build()
                 .unwrap(),
         );
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap()
-        };
         let x = &[("x", "a")];
         runtime().block_on(async {
             let held: Vec<_> = [

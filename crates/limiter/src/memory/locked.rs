@@ -3,11 +3,13 @@
 //! penalties, a new identifier's first hit, and every lease step but the one-leaf ones go
 //! through [`MemoryStore::locked`].
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use sluice_core::{PenaltyState, Quota, State};
+use parking_lot::MutexGuard;
+use sluice_core::{Algorithm, PenaltyState, Quota, State};
 
-use super::table::{self, CellValue};
+use super::table::{self, CellValue, SetState, SharedSet};
 use super::{Few, MemoryStore, put_cell, put_state, take_penalty, take_state};
 use crate::identifier::Identifier;
 
@@ -53,9 +55,37 @@ impl MemoryStore {
             })
             .collect();
         let leaves = identifiers.len();
+        // Lease sets are held under their own locks for the whole step: holders with a
+        // handle reach them without the shard's lock (see `leases.rs`).
+        let mut sets: Few<Option<SharedSet>> = Few::new();
+        for i in 0..leaves {
+            let set = match guards[slots[i]]
+                .1
+                .cells
+                .find(hashes[i], |(k, _)| k == ids[i])
+            {
+                Some((_, cell)) if quotas[i].algorithm() == Algorithm::Concurrency => {
+                    match &cell.value {
+                        CellValue::Leases(set) => Some(set.0.clone()),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            // The same identifier twice in a rule: the first leaf takes the set.
+            let again = |set: &SharedSet| sets.iter().flatten().any(|s| Arc::ptr_eq(s, set));
+            sets.push(set.filter(|set| !again(set)));
+        }
+        let mut held: Few<Option<MutexGuard<'_, SetState>>> = sets
+            .iter()
+            .map(|set| set.as_ref().map(|set| set.lock()))
+            .collect();
         let mut step = Step {
             states: (0..leaves)
-                .map(|i| take_state(&mut guards[slots[i]].1, hashes[i], ids[i], &quotas[i]))
+                .map(|i| match &mut held[i] {
+                    Some(set) => State::Concurrency(std::mem::take(&mut set.leases)),
+                    None => take_state(&mut guards[slots[i]].1, hashes[i], ids[i], &quotas[i]),
+                })
                 .collect(),
             penalty: penalty
                 .map(|_| take_penalty(&mut guards[slots[leaves]].1, hashes[leaves], ids[leaves])),
@@ -63,8 +93,28 @@ impl MemoryStore {
         };
         let result = run(&mut step);
 
-        let mut swept = table::Swept::default();
+        // The held sets get their leases back, and their locks go before any cell is
+        // added or removed: dropping a set's cell takes its lock (see `TableSet`).
+        let (mut rest, mut emptied): (Few<(usize, State)>, Few<usize>) = Default::default();
         for (i, state) in step.states.into_iter().enumerate() {
+            match (&mut held[i], state) {
+                (Some(set), State::Concurrency(leases)) => {
+                    if leases.expires_at() <= now {
+                        // Marked in this hold of its lock, as `Cell::retained` does.
+                        set.gone = true;
+                        emptied.push(i);
+                    }
+                    set.leases = leases;
+                }
+                (_, state) => rest.push((i, state)),
+            }
+        }
+        drop(held);
+        for i in emptied {
+            guards[slots[i]].1.remove(hashes[i], ids[i]);
+        }
+        let mut swept = table::Swept::default();
+        for (i, state) in rest {
             let table = &mut guards[slots[i]].1;
             let expires_at = quotas[i].expires_at(&state);
             if expires_at <= now {

@@ -3,8 +3,8 @@
 //! Each shard is a table behind a reader-writer lock. A single-leaf GCRA hit, the hot path,
 //! takes the shared lock and updates the state word with compare-and-swap, so hits on any
 //! identifiers, the same one included, never wait for each other. A one-leaf concurrency
-//! rule's acquire, release and renew take the shared lock too, then the lease set's own lock
-//! (see `leases.rs`). Everything else (other algorithms, compound rules, penalties, new
+//! rule's acquire, release and renew take the shared lock too, then the lease set's own lock,
+//! or only the set's lock through a handle a lease keeps (see `leases.rs`). Everything else (other algorithms, compound rules, penalties, new
 //! identifiers) takes the exclusive locks of the shards involved, in shard order, and so is
 //! one atomic step.
 //!
@@ -24,6 +24,8 @@
 
 mod leases;
 mod locked;
+
+pub(crate) use leases::SetHandle;
 mod table;
 mod words;
 
@@ -97,7 +99,12 @@ struct Inner {
     expired: AtomicU64,
     /// Leases dropped because they expired instead of being released.
     leases_expired: AtomicU64,
+    /// This store's number, unique in the process: what a lease's [`SetHandle`] checks.
+    id: u64,
 }
+
+/// The next [`Inner::id`].
+static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -266,20 +273,15 @@ fn take_state(table: &mut Table, hash: u64, id: &str, quota: &sluice_core::Quota
                 tat: word.load(Ordering::Acquire),
             };
         }
-    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id) {
-        match &mut cell.value {
-            // The exclusive lock is held: nobody else can be inside the cell's own lock.
-            CellValue::Leaf(state) => {
-                let state = state.get_mut();
-                if quota.fits(state) {
-                    return std::mem::replace(state, State::Gcra { tat: 0 });
-                }
-            }
-            // The exclusive lock is held: nobody else can be inside the set's own lock.
-            CellValue::Leases(leases) if quota.algorithm() == Algorithm::Concurrency => {
-                return State::Concurrency(std::mem::take(leases.get_mut()));
-            }
-            _ => {}
+    } else if let Some((_, cell)) = table.cells.find_mut(hash, |(k, _)| k == id)
+        // A lease set is taken under its own lock by `locked`; one met here is a second
+        // leaf of the same identifier, which starts fresh as it always has.
+        && let CellValue::Leaf(state) = &mut cell.value
+    {
+        // The exclusive lock is held: nobody else can be inside the cell's own lock.
+        let state = state.get_mut();
+        if quota.fits(state) {
+            return std::mem::replace(state, State::Gcra { tat: 0 });
         }
     }
     quota.fresh_state()
@@ -322,7 +324,7 @@ fn put_state(
             table,
             hash,
             id,
-            CellValue::Leases(parking_lot::Mutex::new(leases)),
+            CellValue::Leases(table::TableSet::new(leases)),
             expires_at,
             store,
             now,
@@ -465,6 +467,7 @@ impl MemoryStoreBuilder {
                 evictions: AtomicU64::new(0),
                 expired: AtomicU64::new(0),
                 leases_expired: AtomicU64::new(0),
+                id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
             }),
         }
     }

@@ -9,6 +9,7 @@
 //! 86 bytes per identifier at 1,000,000 GCRA identifiers of 30 bytes (87 resident with
 //! glibc), against 99 (117) for governor's keyed limiter on `String` keys of the same text.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use compact_str::CompactString;
@@ -36,18 +37,66 @@ pub(crate) enum CellValue {
     /// is reached without locking.
     Leaf(Mutex<State>),
     Penalty(PenaltyState),
-    /// A concurrency leaf's leases behind a lock of their own: an acquire or release on
-    /// one leaf takes the shard's shared lock and this one, not the shard's exclusive lock
-    /// (see `leases.rs`). Under the exclusive lock, the set is reached without locking.
-    Leases(Mutex<Leases>),
+    /// A concurrency leaf's leases behind a lock of their own, shared with the holders of
+    /// its leases (see `leases.rs`). Every step on the set takes that lock, under the
+    /// exclusive lock too.
+    Leases(TableSet),
+}
+
+/// A lease set: its leases, and whether the table still holds it.
+#[derive(Debug, Default)]
+pub(crate) struct SetState {
+    pub(crate) leases: Leases,
+    /// The table let go of this set (removed, replaced, evicted, or the store dropped): a
+    /// holder that kept a handle to it finds its identifier's set in the table again.
+    pub(crate) gone: bool,
+}
+
+/// A lease set as holders reach it without the table (see [`super::SetHandle`]).
+pub(crate) type SharedSet = Arc<Mutex<SetState>>;
+
+/// The table's own reference to a lease set. Dropped, however the cell goes, it marks the
+/// set gone under the set's lock, so no handle can take a lease in a set the table no
+/// longer holds. A thread holding a set's lock never drops its cell (see `locked.rs`).
+#[derive(Debug)]
+pub(crate) struct TableSet(pub(crate) SharedSet);
+
+impl TableSet {
+    pub(crate) fn new(leases: Leases) -> TableSet {
+        TableSet(Arc::new(Mutex::new(SetState {
+            leases,
+            gone: false,
+        })))
+    }
+}
+
+impl Drop for TableSet {
+    fn drop(&mut self) {
+        self.0.lock().gone = true;
+    }
 }
 
 impl Cell {
     /// When the state is equivalent to fresh: a lease set once its last lease has expired.
     pub(crate) fn expiry(&mut self) -> u64 {
         match &mut self.value {
-            CellValue::Leases(leases) => leases.get_mut().expires_at(),
+            CellValue::Leases(set) => set.0.lock().leases.expires_at(),
             _ => *self.expires_at.get_mut(),
+        }
+    }
+
+    /// Whether to keep the cell, as `keep` says of its expiry. A lease set to be dropped
+    /// is marked gone in the same hold of its lock: a holder with a handle cannot take a
+    /// lease in it between the look and the drop.
+    pub(crate) fn retained(&mut self, keep: impl FnOnce(u64) -> bool) -> bool {
+        match &mut self.value {
+            CellValue::Leases(set) => {
+                let mut set = set.0.lock();
+                let kept = keep(set.leases.expires_at());
+                set.gone |= !kept;
+                kept
+            }
+            _ => keep(*self.expires_at.get_mut()),
         }
     }
 }
@@ -95,7 +144,8 @@ impl Table {
     pub(crate) fn drop_expired(&mut self, now: u64) -> u64 {
         let before = self.len();
         self.words.retain(|tat| tat > now);
-        self.cells.retain(|(_, c)| c.expiry() > now);
+        self.cells
+            .retain(|(_, c)| c.retained(|expiry| expiry > now));
         (before - self.len()) as u64
     }
 
@@ -132,7 +182,7 @@ impl Table {
         };
         let before = self.len();
         self.words.retain(&mut keep);
-        self.cells.retain(|(_, c)| keep(c.expiry()));
+        self.cells.retain(|(_, c)| c.retained(&mut keep));
         swept.evicted = (before - self.len()) as u64;
         swept
     }
