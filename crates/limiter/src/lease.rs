@@ -154,9 +154,10 @@ pub struct Acquired {
 pub struct Lease {
     id: LeaseId,
     store: DynStore,
-    /// Held inline, not behind an `Arc`: a release in the background takes them (an `Arc`
-    /// per lease was an allocation and a free on every acquire + release).
-    parts: LeaseParts,
+    /// Boxed, so that a lease moves as a pointer through the acquire's answer, and the box
+    /// goes back to its thread's spares when the lease is dropped (see `spare.rs`): a warm
+    /// thread allocates nothing. `None` only once a release in the background took them.
+    parts: Option<Box<LeaseParts>>,
     /// When the acquire, or the latest renew that found the lease, left for a remote store
     /// ([`crate::clock::real_nanos`], read before it was sent, so the store took or renewed
     /// the lease no sooner): what a release tells the store of the lease's age.
@@ -170,7 +171,7 @@ impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("id", &self.id)
-            .field("identifiers", &self.parts.identifiers)
+            .field("identifiers", &self.parts().identifiers)
             .finish()
     }
 }
@@ -179,16 +180,30 @@ impl Lease {
     pub(crate) fn new(
         id: LeaseId,
         store: DynStore,
-        parts: LeaseParts,
+        parts: Box<LeaseParts>,
         taken: Option<u64>,
     ) -> Lease {
         Lease {
             id,
             store,
-            parts,
+            parts: Some(parts),
             taken: AtomicU64::new(taken.unwrap_or(UNKNOWN)),
             done: false,
         }
+    }
+
+    /// The parts; empty ones once a release in the background took them (which only
+    /// `Drop` sees).
+    #[inline]
+    fn parts(&self) -> &LeaseParts {
+        static NONE: LeaseParts = LeaseParts {
+            identifiers: Vec::new(),
+            quotas: Vec::new(),
+            selectors: TokenSelectors::EMPTY,
+            leaf: 0,
+            set: None,
+        };
+        self.parts.as_deref().unwrap_or(&NONE)
     }
 
     /// `taken`, when known.
@@ -203,7 +218,7 @@ impl Lease {
         Lease {
             id,
             store,
-            parts,
+            parts: Some(Box::new(parts)),
             taken: AtomicU64::new(UNKNOWN),
             done: true,
         }
@@ -217,7 +232,7 @@ impl Lease {
     /// enough for [`Limiter::lease`](crate::Limiter::lease) to rebuild it in any process
     /// on the same store and policy, e.g. to release it through another server.
     pub fn token(&self) -> String {
-        join_token(&[&self.id.to_string()], &self.parts.selectors)
+        join_token(&[&self.id.to_string()], &self.parts().selectors)
     }
 
     /// Releases the slot now. Answers [`Released::Expired`] if the lease had expired (its
@@ -227,9 +242,15 @@ impl Lease {
         self.done = true;
         if let Some(memory) = self.store.as_memory() {
             // In process: nothing to wait for.
-            return Ok(self.parts.release_in(memory, self.id.0));
+            return Ok(self.parts().release_in(memory, self.id.0));
         }
-        let keys = self.parts.keys(self.taken());
+        // Boxed: this future stays small, and moves cheaply, for the memory store.
+        Box::pin(self.release_remote()).await
+    }
+
+    /// [`Lease::release`] on a remote store.
+    async fn release_remote(&self) -> Result<Released, Error> {
+        let keys = self.parts().keys(self.taken());
         Ok(self.store.release(&keys, self.id.0).await?)
     }
 
@@ -237,7 +258,10 @@ impl Lease {
     /// had expired (it cannot come back; acquire again).
     pub async fn renew(&self) -> Result<Option<Duration>, Error> {
         let sent = self.taken().map(|_| crate::clock::real_nanos());
-        let left = self.store.renew(&self.parts.keys(None), self.id.0).await?;
+        let left = self
+            .store
+            .renew(&self.parts().keys(None), self.id.0)
+            .await?;
         if let (Some(sent), Some(_)) = (sent, left) {
             // Renewed from no sooner than `sent`: the lease's age counts from there now.
             self.taken.fetch_max(sent, Ordering::Relaxed);
@@ -259,13 +283,14 @@ impl Drop for Lease {
         if !self.done {
             match self.store.as_memory() {
                 Some(memory) => {
-                    self.parts.release_in(memory, self.id.0);
+                    self.parts().release_in(memory, self.id.0);
                 }
                 None => self.release_in_background(),
             }
         }
-        // Empty when a release in the background took them.
-        self.parts.keep_spare();
+        if let Some(parts) = self.parts.take() {
+            parts.keep_spare();
+        }
     }
 }
 
@@ -274,13 +299,10 @@ impl Lease {
     /// itself (a thread is never blocked on the store).
     #[cfg(feature = "tokio")]
     fn release_in_background(&mut self) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, parts, id, taken) = (
-                self.store.clone(),
-                std::mem::take(&mut self.parts),
-                self.id.0,
-                self.taken(),
-            );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some(parts) = self.parts.take()
+        {
+            let (store, id, taken) = (self.store.clone(), self.id.0, self.taken());
             runtime.spawn(async move {
                 let _ = store.release(&parts.keys(taken), id).await;
             });

@@ -38,6 +38,9 @@ pub enum TokenError {
 pub(crate) struct TokenSelectors(Vec<u8>);
 
 impl TokenSelectors {
+    /// No values.
+    pub(crate) const EMPTY: TokenSelectors = TokenSelectors(Vec::new());
+
     /// The values of `names` (sorted, each once) in `selectors`; a name `selectors` lacks is
     /// left out (callers made identifiers of them all, so none is).
     pub(crate) fn new<'a>(

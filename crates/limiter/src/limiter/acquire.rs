@@ -10,6 +10,7 @@ use crate::lease::{
 };
 use crate::policy::CompiledPolicy;
 use crate::store::Store;
+use sluice_core::Decision;
 
 impl Limiter {
     /// Takes a lease on `policy`, whose rule holds a concurrency leaf (`user:3 concurrent`):
@@ -49,8 +50,15 @@ impl Limiter {
             return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
         }
         if policy.leaves.len() == 1 && policy.policy.penalty.is_none() {
-            // One concurrency leaf (the policy is concurrent): see `acquire_one`.
-            return self.acquire_one(policy, selectors).await;
+            // One concurrency leaf (the policy is concurrent). A remote store's call is
+            // boxed: this future stays small, and moves cheaply, for the memory store's
+            // acquire, which waits for nothing.
+            return match self.acquire_one_now(policy, selectors) {
+                OneLeaf::Done(answer) => answer,
+                OneLeaf::Remote(policy, parts, id) => {
+                    Box::pin(self.acquire_one_remote(policy, parts, id)).await
+                }
+            };
         }
         // Written into this thread's reused buffers, as a check's are: only the concurrency
         // leaves' identifiers are copied, into the lease, and only when it is admitted.
@@ -103,15 +111,14 @@ impl Limiter {
     }
 
     /// [`Limiter::acquire`] for a rule of one concurrency leaf and no penalty (the usual
-    /// lease): its identifier is written straight into the parts the lease will keep (a
-    /// dropped lease's, reused), not into the thread's check buffers and then swapped over.
-    /// When those parts were this leaf's, with the same value, they are kept as they are:
-    /// the identifier, and the token bytes it was written with.
-    async fn acquire_one(
-        &self,
-        policy: PolicyRef,
-        selectors: &Selectors<'_>,
-    ) -> Result<Acquired, Error> {
+    /// lease), as far as it goes without waiting: all of it on the memory store.
+    ///
+    /// Its identifier is written straight into the parts the lease will keep (a dropped
+    /// lease's, reused), not into the thread's check buffers and then swapped over. When
+    /// those parts were this leaf's, with the same value, they are kept as they are: the
+    /// identifier, and the token bytes it was written with.
+    #[inline]
+    fn acquire_one_now(&self, policy: PolicyRef, selectors: &Selectors<'_>) -> OneLeaf {
         let mut parts = LeaseParts::spare();
         let leaf = &policy.leaves[0];
         let written = parts.leaf == leaf.uid && parts.identifiers.len() == 1;
@@ -121,53 +128,71 @@ impl Limiter {
             parts.identifiers.push(Identifier::default());
         }
         parts.identifiers.truncate(1);
-        let written =
-            match write_leaf_again(&mut parts.identifiers[0], written, &policy, leaf, selectors) {
-                Ok(true) => Ok(()),
-                kept => {
-                    // A new identifier: new token bytes, and no handle to its set yet.
-                    parts.set = None;
-                    kept.map(|_| parts.selectors.write(lease_names(&policy), selectors))
-                }
-            };
-        if written.is_ok() {
-            parts.leaf = leaf.uid;
-        }
-        let id = LeaseId::random();
-        let (decided, taken) = match written {
-            Ok(()) => {
-                let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
-                match self.store.as_memory() {
-                    // In process: nothing to wait for, and no age to keep (see `sent_at`).
-                    // The lease set is reached through the parts' handle when they have
-                    // one for this identifier, and they keep one for the release.
-                    Some(memory) => (Ok(memory.acquire_held(&hit, id.0, &mut parts.set)), None),
-                    None => {
-                        let taken = self.sent_at();
-                        let decided = self.store.acquire(&hit, id.0).await;
-                        (decided.map_err(Error::from), taken)
-                    }
-                }
+        match write_leaf_again(&mut parts.identifiers[0], written, &policy, leaf, selectors) {
+            Ok(true) => {}
+            Ok(false) => {
+                // A new identifier: new token bytes, and no handle to its set yet.
+                parts.set = None;
+                parts.selectors.write(lease_names(&policy), selectors);
             }
-            Err(error) => (Err(error), None),
-        };
-        let decision = match decided {
-            Ok(decision) if decision.allowed() => decision,
-            // Denied, or no decision: the parts go back for the next acquire.
-            other => {
+            Err(error) => {
                 parts.keep_spare();
-                return other.map(|decision| Acquired {
-                    checked: finish(policy, decision, false),
-                    lease: None,
-                });
+                return OneLeaf::Done(Err(error));
             }
+        }
+        parts.leaf = leaf.uid;
+        let id = LeaseId::random();
+        let Some(memory) = self.store.as_memory() else {
+            return OneLeaf::Remote(policy, parts, id);
         };
-        parts.quotas.push(policy.leaves[0].quota);
-        let lease = Lease::new(id, self.store.clone(), parts, taken);
-        Ok(Acquired {
+        // In process: nothing to wait for, and no age to keep (see `sent_at`). The lease
+        // set is reached through the parts' handle when they have one for this
+        // identifier, and they keep one for the release.
+        let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
+        let decision = memory.acquire_held(&hit, id.0, &mut parts.set);
+        OneLeaf::Done(Ok(self.leased(policy, parts, id, decision, None)))
+    }
+
+    /// The rest of [`Limiter::acquire_one_now`] on a remote store: its call.
+    async fn acquire_one_remote(
+        &self,
+        policy: PolicyRef,
+        parts: Box<LeaseParts>,
+        id: LeaseId,
+    ) -> Result<Acquired, Error> {
+        let taken = self.sent_at();
+        let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
+        match self.store.acquire(&hit, id.0).await {
+            Ok(decision) => Ok(self.leased(policy, parts, id, decision, taken)),
+            Err(error) => {
+                parts.keep_spare();
+                Err(error.into())
+            }
+        }
+    }
+
+    /// A one-leaf acquire's answer: the lease when `decision` admits; otherwise the parts
+    /// go back for the next acquire.
+    #[inline]
+    fn leased(
+        &self,
+        policy: PolicyRef,
+        mut parts: Box<LeaseParts>,
+        id: LeaseId,
+        decision: Decision,
+        taken: Option<u64>,
+    ) -> Acquired {
+        let lease = if decision.allowed() {
+            parts.quotas.push(policy.leaves[0].quota);
+            Some(Lease::new(id, self.store.clone(), parts, taken))
+        } else {
+            parts.keep_spare();
+            None
+        };
+        Acquired {
             checked: finish(policy, decision, false),
-            lease: Some(lease),
-        })
+            lease,
+        }
     }
 
     /// Admits or refuses a hit of cost `estimate` on `policy`, as a check would, and when it
@@ -312,6 +337,13 @@ impl Limiter {
             TokenSelectors::new(names, &selectors),
         ))
     }
+}
+
+/// What [`Limiter::acquire_one_now`] leaves: its answer, or a remote store's call to make
+/// for the lease these parts and id will make.
+enum OneLeaf {
+    Done(Result<Acquired, Error>),
+    Remote(PolicyRef, Box<LeaseParts>, LeaseId),
 }
 
 /// The selector names of a policy's concurrency leaves, sorted, each once: what a lease
