@@ -49,7 +49,7 @@ impl Pool {
         keys: &[String],
         deadline: Deadline,
     ) -> Result<HashMap<String, Vec<u8>>, MemcachedError> {
-        let replies = self.call(route, get_requests(keys), deadline).await?;
+        let replies = self.call(route, get_requests(keys, 0), deadline).await?;
         self.found(route, keys, replies)
     }
 
@@ -84,7 +84,7 @@ impl Pool {
         keys: &[String],
         deadline: Deadline,
     ) -> Result<Vec<Option<Vec<u8>>>, MemcachedError> {
-        let replies = self.call(route, get_requests(keys), deadline).await?;
+        let replies = self.call(route, get_requests(keys, 0), deadline).await?;
         self.found_in_order(route, keys, replies)
     }
 
@@ -249,7 +249,7 @@ impl Pool {
         exptime: u32,
         deadline: Deadline,
     ) -> Result<(Vec<Option<Vec<u8>>>, StoreReply), MemcachedError> {
-        let mut requests = get_requests(keys);
+        let mut requests = get_requests(keys, 2);
         requests.extend(add_with_requests(
             (key, value),
             (other, other_value),
@@ -270,7 +270,7 @@ impl Pool {
         by: u64,
         deadline: Deadline,
     ) -> Result<(Vec<Option<Vec<u8>>>, Option<u64>), MemcachedError> {
-        let mut requests = get_requests(keys);
+        let mut requests = get_requests(keys, 1);
         let mut bytes = Vec::with_capacity(key.len() + 28);
         protocol::incr(&mut bytes, key, by, true);
         requests.push((bytes, Expect::Number));
@@ -409,15 +409,16 @@ fn add_with_requests(
     [(add, Expect::Stored), (set, Expect::Stored)]
 }
 
-fn get_requests(keys: &[String]) -> Vec<(Vec<u8>, Expect)> {
-    keys.chunks(KEYS_PER_GET)
-        .map(|chunk| {
-            let mut bytes = Vec::with_capacity(chunk.len() * 48);
-            let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
-            protocol::get(&mut bytes, &chunk, false);
-            (bytes, Expect::Values)
-        })
-        .collect()
+/// With room for `more` requests after them, so that adding those does not reallocate.
+fn get_requests(keys: &[String], more: usize) -> Vec<(Vec<u8>, Expect)> {
+    let mut requests = Vec::with_capacity(keys.len().div_ceil(KEYS_PER_GET) + more);
+    requests.extend(keys.chunks(KEYS_PER_GET).map(|chunk| {
+        let len = chunk.iter().map(|key| key.len() + 1).sum::<usize>();
+        let mut bytes = Vec::with_capacity(len + b"gets\r\n".len());
+        protocol::get(&mut bytes, chunk, false);
+        (bytes, Expect::Values)
+    }));
+    requests
 }
 
 fn stored(

@@ -36,11 +36,11 @@ pub enum Verb {
 }
 
 /// `get <keys>` (or `gets` with CAS uniques).
-pub fn get(out: &mut Vec<u8>, keys: &[&str], with_cas: bool) {
+pub fn get<K: AsRef<str>>(out: &mut Vec<u8>, keys: &[K], with_cas: bool) {
     out.extend_from_slice(if with_cas { b"gets" } else { b"get" });
     for key in keys {
         out.push(b' ');
-        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(key.as_ref().as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }

@@ -148,7 +148,7 @@ pub(crate) async fn read_window(
                 .get_and_add_with(
                     keys.route(),
                     &names,
-                    (key, cost.to_string().as_bytes()),
+                    (key, itoa::Buffer::new().format(cost).as_bytes()),
                     (&keys.meta(), meta.as_bytes()),
                     expiry,
                     deadline,
