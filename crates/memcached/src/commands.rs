@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::MemcachedError;
 use crate::pool::{Deadline, Pool};
-use crate::protocol::{self, Expect, Reply, Verb};
+use crate::protocol::{self, Expect, Reply, Requests, Verb};
 use crate::stats::ServerStats;
 
 /// Keys per `get` request: a sliding window of many sub-windows reads in several pipelined
@@ -49,7 +49,7 @@ impl Pool {
         keys: &[String],
         deadline: Deadline,
     ) -> Result<HashMap<String, Vec<u8>>, MemcachedError> {
-        let replies = self.call(route, get_requests(keys, 0), deadline).await?;
+        let replies = self.call(route, get_requests(keys), deadline).await?;
         self.found(route, keys, replies)
     }
 
@@ -84,7 +84,7 @@ impl Pool {
         keys: &[String],
         deadline: Deadline,
     ) -> Result<Vec<Option<Vec<u8>>>, MemcachedError> {
-        let replies = self.call(route, get_requests(keys, 0), deadline).await?;
+        let replies = self.call(route, get_requests(keys), deadline).await?;
         self.found_in_order(route, keys, replies)
     }
 
@@ -124,11 +124,10 @@ impl Pool {
         key: &str,
         deadline: Deadline,
     ) -> Result<Option<(Vec<u8>, u64)>, MemcachedError> {
-        let mut bytes = Vec::with_capacity(key.len() + 8);
-        protocol::get(&mut bytes, &[key], true);
-        let reply = self
-            .one(route, bytes, Expect::ValuesWithCas, deadline)
-            .await?;
+        let requests = Requests::one(key.len() + 8, Expect::ValuesWithCas, |out| {
+            protocol::get(out, &[key], true)
+        });
+        let reply = self.one(route, requests, deadline).await?;
         self.cas_item(route, key, reply)
     }
 
@@ -142,12 +141,13 @@ impl Pool {
         value: &[u8],
         deadline: Deadline,
     ) -> Result<(Option<(Vec<u8>, u64)>, StoreReply), MemcachedError> {
-        let mut bytes = Vec::with_capacity(2 * key.len() + value.len() + 48);
-        protocol::get(&mut bytes, &[key], true);
-        let split = bytes.len();
-        protocol::store(&mut bytes, Verb::Add, key, exptime, value);
-        let add = bytes.split_off(split);
-        let requests = vec![(bytes, Expect::ValuesWithCas), (add, Expect::Stored)];
+        let mut requests = Requests::with_capacity(2 * key.len() + value.len() + 48);
+        requests.push(Expect::ValuesWithCas, |out| {
+            protocol::get(out, &[key], true)
+        });
+        requests.push(Expect::Stored, |out| {
+            protocol::store(out, Verb::Add, key, exptime, value)
+        });
         let mut replies = self.call(route, requests, deadline).await?;
         let (Some(added), Some(read), true) = (replies.pop(), replies.pop(), replies.is_empty())
         else {
@@ -198,9 +198,10 @@ impl Pool {
         value: &[u8],
         deadline: Deadline,
     ) -> Result<StoreReply, MemcachedError> {
-        let mut bytes = Vec::with_capacity(key.len() + value.len() + 40);
-        protocol::store(&mut bytes, verb, key, exptime, value);
-        let reply = self.one(route, bytes, Expect::Stored, deadline).await?;
+        let requests = Requests::one(key.len() + value.len() + 40, Expect::Stored, |out| {
+            protocol::store(out, verb, key, exptime, value)
+        });
+        let reply = self.one(route, requests, deadline).await?;
         stored(self, route, verb, &reply)
     }
 
@@ -213,7 +214,8 @@ impl Pool {
         exptime: u32,
         deadline: Deadline,
     ) -> Result<StoreReply, MemcachedError> {
-        let requests = add_with_requests((key, value), (other, other_value), exptime).to_vec();
+        let mut requests = Requests::default();
+        add_with_requests(&mut requests, (key, value), (other, other_value), exptime);
         let mut replies = self.call(route, requests, deadline).await?;
         let added = self.added_with(route, &mut replies)?;
         if !replies.is_empty() {
@@ -249,12 +251,8 @@ impl Pool {
         exptime: u32,
         deadline: Deadline,
     ) -> Result<(Vec<Option<Vec<u8>>>, StoreReply), MemcachedError> {
-        let mut requests = get_requests(keys, 2);
-        requests.extend(add_with_requests(
-            (key, value),
-            (other, other_value),
-            exptime,
-        ));
+        let mut requests = get_requests(keys);
+        add_with_requests(&mut requests, (key, value), (other, other_value), exptime);
         let mut replies = self.call(route, requests, deadline).await?;
         let added = self.added_with(route, &mut replies)?;
         Ok((self.found_in_order(route, keys, replies)?, added))
@@ -270,10 +268,8 @@ impl Pool {
         by: u64,
         deadline: Deadline,
     ) -> Result<(Vec<Option<Vec<u8>>>, Option<u64>), MemcachedError> {
-        let mut requests = get_requests(keys, 1);
-        let mut bytes = Vec::with_capacity(key.len() + 28);
-        protocol::incr(&mut bytes, key, by, true);
-        requests.push((bytes, Expect::Number));
+        let mut requests = get_requests(keys);
+        requests.push(Expect::Number, |out| protocol::incr(out, key, by, true));
         let mut replies = self.call(route, requests, deadline).await?;
         let counted = match replies.pop() {
             Some(Reply::Number(value)) => Some(value),
@@ -295,9 +291,10 @@ impl Pool {
         up: bool,
         deadline: Deadline,
     ) -> Result<Option<u64>, MemcachedError> {
-        let mut bytes = Vec::with_capacity(key.len() + 28);
-        protocol::incr(&mut bytes, key, by, up);
-        match self.one(route, bytes, Expect::Number, deadline).await? {
+        let requests = Requests::one(key.len() + 28, Expect::Number, |out| {
+            protocol::incr(out, key, by, up)
+        });
+        match self.one(route, requests, deadline).await? {
             Reply::Number(value) => Ok(Some(value)),
             Reply::NotFound => Ok(None),
             other => Err(wrong(self, route, "incr", &other)),
@@ -311,14 +308,10 @@ impl Pool {
         keys: &[String],
         deadline: Deadline,
     ) -> Result<(), MemcachedError> {
-        let requests = keys
-            .iter()
-            .map(|key| {
-                let mut bytes = Vec::with_capacity(key.len() + 10);
-                protocol::delete(&mut bytes, key);
-                (bytes, Expect::Deleted)
-            })
-            .collect();
+        let mut requests = Requests::default();
+        for key in keys {
+            requests.push(Expect::Deleted, |out| protocol::delete(out, key));
+        }
         for reply in self.call(route, requests, deadline).await? {
             if !matches!(reply, Reply::Deleted | Reply::NotFound) {
                 return Err(wrong(self, route, "delete", &reply));
@@ -333,11 +326,8 @@ impl Pool {
         index: usize,
         deadline: Deadline,
     ) -> Result<ServerStats, MemcachedError> {
-        let mut bytes = Vec::new();
-        protocol::stats(&mut bytes);
-        let replies = self
-            .call_server(index, vec![(bytes, Expect::Stats)], deadline)
-            .await?;
+        let requests = Requests::one(16, Expect::Stats, protocol::stats);
+        let replies = self.call_server(index, requests, deadline).await?;
         let address = self.addresses().nth(index).unwrap_or("?").to_owned();
         let Some(Reply::Stats(stats)) = replies.into_iter().next() else {
             return Err(MemcachedError::Protocol {
@@ -366,11 +356,8 @@ impl Pool {
         index: usize,
         deadline: Deadline,
     ) -> Result<String, MemcachedError> {
-        let mut bytes = Vec::new();
-        protocol::version(&mut bytes);
-        let replies = self
-            .call_server(index, vec![(bytes, Expect::Version)], deadline)
-            .await?;
+        let requests = Requests::one(16, Expect::Version, protocol::version);
+        let replies = self.call_server(index, requests, deadline).await?;
         match replies.into_iter().next() {
             Some(Reply::Version(version)) => Ok(version),
             other => Err(MemcachedError::Protocol {
@@ -383,11 +370,10 @@ impl Pool {
     async fn one(
         &self,
         route: &str,
-        bytes: Vec<u8>,
-        expect: Expect,
+        requests: Requests,
         deadline: Deadline,
     ) -> Result<Reply, MemcachedError> {
-        let mut replies = self.call(route, vec![(bytes, expect)], deadline).await?;
+        let mut replies = self.call(route, requests, deadline).await?;
         match (replies.pop(), replies.is_empty()) {
             (Some(reply), true) => Ok(reply),
             _ => Err(protocol(self, route, "one request, not one reply".into())),
@@ -395,29 +381,31 @@ impl Pool {
     }
 }
 
-/// `get` requests for `keys`, at most [`KEYS_PER_GET`] keys each.
 /// The `add` of `key` and the `set` of `other`, both expiring at `exptime`.
 fn add_with_requests(
+    requests: &mut Requests,
     (key, value): (&str, &[u8]),
     (other, other_value): (&str, &[u8]),
     exptime: u32,
-) -> [(Vec<u8>, Expect); 2] {
-    let mut add = Vec::with_capacity(key.len() + value.len() + 40);
-    protocol::store(&mut add, Verb::Add, key, exptime, value);
-    let mut set = Vec::with_capacity(other.len() + other_value.len() + 40);
-    protocol::store(&mut set, Verb::Set, other, exptime, other_value);
-    [(add, Expect::Stored), (set, Expect::Stored)]
+) {
+    let len = key.len() + value.len() + other.len() + other_value.len() + 80;
+    requests.bytes.reserve(len);
+    requests.push(Expect::Stored, |out| {
+        protocol::store(out, Verb::Add, key, exptime, value)
+    });
+    requests.push(Expect::Stored, |out| {
+        protocol::store(out, Verb::Set, other, exptime, other_value)
+    });
 }
 
-/// With room for `more` requests after them, so that adding those does not reallocate.
-fn get_requests(keys: &[String], more: usize) -> Vec<(Vec<u8>, Expect)> {
-    let mut requests = Vec::with_capacity(keys.len().div_ceil(KEYS_PER_GET) + more);
-    requests.extend(keys.chunks(KEYS_PER_GET).map(|chunk| {
-        let len = chunk.iter().map(|key| key.len() + 1).sum::<usize>();
-        let mut bytes = Vec::with_capacity(len + b"gets\r\n".len());
-        protocol::get(&mut bytes, chunk, false);
-        (bytes, Expect::Values)
-    }));
+/// `get` requests for `keys`, at most [`KEYS_PER_GET`] keys each, with room for a few
+/// more requests after them (an `add` and a `set`, or an `incr`).
+fn get_requests(keys: &[String]) -> Requests {
+    let len = keys.iter().map(|key| key.len() + 1).sum::<usize>();
+    let mut requests = Requests::with_capacity(len + 8 * keys.len().div_ceil(KEYS_PER_GET) + 160);
+    for chunk in keys.chunks(KEYS_PER_GET) {
+        requests.push(Expect::Values, |out| protocol::get(out, chunk, false));
+    }
     requests
 }
 

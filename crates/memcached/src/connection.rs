@@ -28,7 +28,9 @@ use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::MemcachedError;
-use crate::protocol::{Expect, Reply, parse};
+use smallvec::SmallVec;
+
+use crate::protocol::{Expect, Reply, Requests, parse};
 
 /// Requests written and not yet answered, at most, per connection.
 pub const MAX_PENDING: usize = 1024;
@@ -42,7 +44,7 @@ type Answer = oneshot::Sender<Result<Vec<Reply>, MemcachedError>>;
 struct Waiting {
     /// Room in the queue this caller holds, given back with its last reply.
     room: u32,
-    expects: Vec<Expect>,
+    expects: SmallVec<[Expect; 4]>,
     replies: Vec<Reply>,
     answer: Answer,
 }
@@ -161,10 +163,7 @@ impl Connection {
 
     /// Sends `requests` one after the other on this connection (pipelined, behind those of
     /// other callers) and waits for their replies, in order.
-    pub async fn call_many(
-        &self,
-        requests: Vec<(Vec<u8>, Expect)>,
-    ) -> Result<Vec<Reply>, MemcachedError> {
+    pub async fn call_many(&self, requests: Requests) -> Result<Vec<Reply>, MemcachedError> {
         let shared = &self.shared;
         if requests.is_empty() {
             return Ok(Vec::new());
@@ -179,17 +178,14 @@ impl Connection {
             .map_err(|_| shared.io("connection closed"))?
             .forget();
         let (answer, replies) = oneshot::channel();
-        let mut expects = Vec::with_capacity(requests.len());
+        let Requests { bytes, expects } = requests;
         let was_idle = {
             let mut queue = shared.queue.lock();
             if let Some(why) = &queue.closed {
                 return Err(shared.io(why.clone()));
             }
             let was_idle = queue.outgoing.is_empty();
-            for (bytes, expect) in requests {
-                queue.outgoing.extend_from_slice(&bytes);
-                expects.push(expect);
-            }
+            queue.outgoing.extend_from_slice(&bytes);
             queue.unwritten += 1;
             queue.waiting.push_back(Waiting {
                 room,

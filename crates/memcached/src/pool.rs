@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::MemcachedError;
 use crate::connection::Connection;
-use crate::protocol::{Expect, Reply};
+use crate::protocol::{Reply, Requests};
 use crate::ring::Ring;
 use crate::stats::Counters;
 
@@ -192,7 +192,7 @@ impl Pool {
     pub async fn call(
         &self,
         route: &str,
-        requests: Vec<(Vec<u8>, Expect)>,
+        requests: Requests,
         deadline: Deadline,
     ) -> Result<Vec<Reply>, MemcachedError> {
         for _ in 0..self.servers.len() {
@@ -215,7 +215,7 @@ impl Pool {
     pub async fn call_server(
         &self,
         server: usize,
-        requests: Vec<(Vec<u8>, Expect)>,
+        requests: Requests,
         deadline: Deadline,
     ) -> Result<Vec<Reply>, MemcachedError> {
         match self.connection(server, deadline).await {
@@ -232,7 +232,7 @@ impl Pool {
         &self,
         index: usize,
         connection: &Connection,
-        requests: Vec<(Vec<u8>, Expect)>,
+        requests: Requests,
         deadline: Deadline,
     ) -> Result<Vec<Reply>, MemcachedError> {
         let server = &self.servers[index];

@@ -98,6 +98,46 @@ pub fn stats(out: &mut Vec<u8>) {
     out.extend_from_slice(b"stats\r\n");
 }
 
+/// Requests sent one after the other in one call, pipelined: their bytes in one buffer,
+/// and the reply each expects. One buffer rather than one per request: a decision's call
+/// (a window's `get`, an `add`, a `set`) allocates once.
+#[derive(Debug, Default)]
+pub struct Requests {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) expects: smallvec::SmallVec<[Expect; 4]>,
+}
+
+impl Requests {
+    /// No requests yet, with room for `bytes` of them.
+    pub fn with_capacity(bytes: usize) -> Requests {
+        Requests {
+            bytes: Vec::with_capacity(bytes),
+            expects: smallvec::SmallVec::new(),
+        }
+    }
+
+    /// One request, written by `write`, expecting `expect`.
+    pub fn one(bytes: usize, expect: Expect, write: impl FnOnce(&mut Vec<u8>)) -> Requests {
+        let mut requests = Requests::with_capacity(bytes);
+        requests.push(expect, write);
+        requests
+    }
+
+    /// Adds a request, written by `write` after the others, expecting `expect`.
+    pub fn push(&mut self, expect: Expect, write: impl FnOnce(&mut Vec<u8>)) {
+        write(&mut self.bytes);
+        self.expects.push(expect);
+    }
+
+    pub fn len(&self) -> usize {
+        self.expects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expects.is_empty()
+    }
+}
+
 /// Which replies a command may get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
