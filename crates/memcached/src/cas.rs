@@ -23,7 +23,7 @@
 //! their own, so a caller that stops waiting (a timeout) strands no one queued behind it.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,18 +89,24 @@ struct Update {
 }
 
 /// Updates waiting, by key; a key is present while a batch of it is being run.
-type Waiting = HashMap<String, Vec<Update>>;
+type Waiting = HashMap<String, Vec<Update>, Hasher>;
+
+/// foldhash, seeded per process, as in `combine.rs`: the key is hashed to pick a shard and
+/// again by the map, on every update.
+type Hasher = foldhash::fast::RandomState;
 
 pub(crate) struct Combiner {
     shards: Box<[Mutex<Waiting>]>,
-    hasher: RandomState,
+    hasher: Hasher,
 }
 
 impl Combiner {
     pub fn new(shards: usize) -> Combiner {
         Combiner {
-            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..shards)
+                .map(|_| Mutex::new(Waiting::default()))
+                .collect(),
+            hasher: Hasher::default(),
         }
     }
 
@@ -117,7 +123,7 @@ async fn backoff(attempt: u32) {
         return;
     }
     let cap = 100u64 << attempt.min(7);
-    let micros = RandomState::new().hash_one(attempt) % cap + 1;
+    let micros = std::hash::RandomState::new().hash_one(attempt) % cap + 1;
     tokio::time::sleep(Duration::from_micros(micros)).await;
 }
 
