@@ -376,6 +376,84 @@ mod tests {
         });
     }
 
+    /// Sweeps drop every emptied lease set while threads take and release leases on its
+    /// identifier, through handles to it and through the table (a compound rule on the
+    /// same identifier): never more than the one slot is held, and nothing stays held at
+    /// the end.
+    #[test]
+    fn sweeps_racing_handles_never_admit_more_than_the_limit() {
+        let store = MemoryStore::new();
+        let limiter = Arc::new(
+            Limiter::builder(store.clone())
+                .policy(Policy::new("one", "x:1 concurrent").unwrap().key("jobs"))
+                .policy(
+                    Policy::new("two", "x:1 concurrent; x:1000000000/s")
+                        .unwrap()
+                        .key("jobs"),
+                )
+                .build()
+                .unwrap(),
+        );
+        let x = &[("x", "a")];
+        let (holding, most, admitted, working) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(3)),
+        );
+        let sweeper = {
+            let (store, working) = (store.clone(), working.clone());
+            std::thread::spawn(move || {
+                let mut sweeps = 0_u64;
+                while working.load(Ordering::SeqCst) > 0 {
+                    store.sweep();
+                    sweeps += 1;
+                }
+                sweeps
+            })
+        };
+        let threads: Vec<_> = (0..3)
+            .map(|thread| {
+                let (limiter, holding, most, admitted, working) = (
+                    limiter.clone(),
+                    holding.clone(),
+                    most.clone(),
+                    admitted.clone(),
+                    working.clone(),
+                );
+                std::thread::spawn(move || {
+                    runtime().block_on(async {
+                        for i in 0..20_000 {
+                            let policy = ["one", "one", "two"][(thread + i) % 3];
+                            let acquired = limiter.acquire(policy, x).await.unwrap();
+                            if let Some(lease) = acquired.lease {
+                                let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                                most.fetch_max(now, Ordering::SeqCst);
+                                admitted.fetch_add(1, Ordering::SeqCst);
+                                holding.fetch_sub(1, Ordering::SeqCst);
+                                lease.release().await.unwrap();
+                            }
+                        }
+                    });
+                    working.fetch_sub(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let sweeps = sweeper.join().unwrap();
+        assert!(sweeps > 0);
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "one slot, never two holders"
+        );
+        assert!(admitted.load(Ordering::SeqCst) > 0);
+        let free = runtime().block_on(limiter.acquire("one", x)).unwrap();
+        assert!(free.lease.is_some(), "every lease was released");
+    }
+
     /// Two limiters on two memory stores, one policy handle: a set handle is one store's,
     /// and a lease taken with the same leaf and value on the other store goes to that
     /// store's own set.
