@@ -78,12 +78,58 @@ impl Keys {
     }
 }
 
+/// The text of an `|m` record, `<sub-window ns> <sub-windows>`, written without `format!`
+/// or an allocation (most hits on a million identifiers make a counter, and so a record).
+pub(crate) struct Record {
+    text: [u8; 41],
+    len: usize,
+}
+
+impl Record {
+    pub(crate) fn new(sub: u64, g: u64) -> Record {
+        let mut record = Record {
+            text: [0; 41],
+            len: 0,
+        };
+        for part in [
+            itoa::Buffer::new().format(sub).as_bytes(),
+            b" ",
+            itoa::Buffer::new().format(g).as_bytes(),
+        ] {
+            record.text[record.len..record.len + part.len()].copy_from_slice(part);
+            record.len += part.len();
+        }
+        record
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.text[..self.len]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn valid(key: &str) -> bool {
         key.len() <= 250 && key.bytes().all(|b| b.is_ascii_graphic())
+    }
+
+    /// The `|m` record a reset reads: the sub-window's length and count, as text, for a
+    /// counter's quota and for the widest numbers.
+    #[test]
+    fn a_record_is_the_sub_window_and_the_count() {
+        use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
+        let rate = Rate::new(10, Span::new(1, Unit::Hour).unwrap()).unwrap();
+        let q = Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap();
+        let (_, record) = crate::leaf::counter_record(&q, 7, 1_700_000_000_000_000_000);
+        let expected = format!("{} {}", q.sub_window_ticks(), q.windows());
+        assert_eq!(record.as_bytes(), expected.as_bytes());
+        let widest = Record::new(u64::MAX, u64::MAX);
+        assert_eq!(
+            widest.as_bytes(),
+            format!("{} {}", u64::MAX, u64::MAX).as_bytes()
+        );
     }
 
     #[test]

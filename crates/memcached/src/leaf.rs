@@ -36,7 +36,7 @@ use crate::MemcachedError;
 use crate::cas::{Answer, Plan, update};
 use crate::commands::StoreReply;
 use crate::expiry::exptime;
-use crate::key::Keys;
+use crate::key::{Keys, Record};
 use crate::pool::Deadline;
 use crate::protocol::number;
 use crate::stats::Counters as Stats;
@@ -107,35 +107,6 @@ pub(crate) fn counter_record(quota: &Quota, number: u64, now: u64) -> (u32, Reco
     // Counted until sub-window `number + g` starts; one more for callers whose clocks lag.
     let expiry = exptime((number + g + 1).saturating_mul(sub), now);
     (expiry, Record::new(sub, g))
-}
-
-/// The text of an `|m` record, `<sub-window ns> <sub-windows>`, written without `format!`
-/// or an allocation (most hits on a million identifiers make a counter, and so a record).
-pub(crate) struct Record {
-    text: [u8; 41],
-    len: usize,
-}
-
-impl Record {
-    fn new(sub: u64, g: u64) -> Record {
-        let mut record = Record {
-            text: [0; 41],
-            len: 0,
-        };
-        for part in [
-            itoa::Buffer::new().format(sub).as_bytes(),
-            b" ",
-            itoa::Buffer::new().format(g).as_bytes(),
-        ] {
-            record.text[record.len..record.len + part.len()].copy_from_slice(part);
-            record.len += part.len();
-        }
-        record
-    }
-
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.text[..self.len]
-    }
 }
 
 /// Whether memcached can hold this quota's state.
@@ -577,21 +548,6 @@ mod tests {
     fn quota(algorithm: Algorithm, limit: u64) -> Quota {
         let rate = Rate::new(limit, Span::new(1, Unit::Hour).unwrap()).unwrap();
         Quota::from_leaf(&Leaf::new(rate), algorithm).unwrap()
-    }
-
-    /// The `|m` record a reset reads: the sub-window's length and count, as text, for the
-    /// widest numbers too.
-    #[test]
-    fn a_record_is_the_sub_window_and_the_count() {
-        let q = quota(Algorithm::SlidingWindow, 10);
-        let (_, record) = counter_record(&q, 7, 1_700_000_000_000_000_000);
-        let expected = format!("{} {}", q.sub_window_ticks(), q.windows());
-        assert_eq!(record.as_bytes(), expected.as_bytes());
-        let widest = Record::new(u64::MAX, u64::MAX);
-        assert_eq!(
-            widest.as_bytes(),
-            format!("{} {}", u64::MAX, u64::MAX).as_bytes()
-        );
     }
 
     #[test]
