@@ -244,21 +244,21 @@ impl PostgresServer {
         }
     }
 
+    /// `psql` for this server's `postgres` database, unaligned and tuples only, stopping at
+    /// the first error.
+    fn psql_command(&self) -> io::Result<Command> {
+        let mut command = Command::new(binary("psql")?);
+        command
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args(["-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres"]);
+        Ok(command)
+    }
+
     /// Runs one SQL command with `psql` and returns its unaligned, tuples-only output
     /// (`"42\n"`), for tests that look under the store.
     pub fn psql(&self, sql: &str) -> io::Result<String> {
-        let output = Command::new(binary("psql")?)
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-            ])
-            .args(["-c", sql])
-            .output()?;
+        let output = self.psql_command()?.args(["-c", sql]).output()?;
         if !output.status.success() {
             return Err(io::Error::other(format!(
                 "psql failed: {}",
@@ -266,6 +266,68 @@ impl PostgresServer {
             )));
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+/// An open `psql` session holding a transaction, from [`PostgresServer::hold`]: what its
+/// statements locked stays locked until [`Transaction::commit`] (or the drop, which ends the
+/// session and so rolls back).
+pub struct Transaction {
+    child: Child,
+}
+
+impl PostgresServer {
+    /// Opens a `psql` session, runs `BEGIN` and `sql` in it and returns once they have run,
+    /// the transaction still open: a test can hold a lock (`LOCK TABLE t`) while the code
+    /// under test runs into it, then let go.
+    pub fn hold(&self, sql: &str) -> io::Result<Transaction> {
+        let child = self
+            .psql_command()?
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let mut transaction = Transaction { child };
+        let stdin = transaction.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "BEGIN;\n{sql};\n\\echo held")?;
+        stdin.flush()?;
+        // The marker comes back only after the statements ran; an error ends the session
+        // (ON_ERROR_STOP), and the read sees the end of the output instead.
+        let stdout = transaction.child.stdout.as_mut().expect("piped stdout");
+        let mut seen = Vec::new();
+        let mut byte = [0u8; 1];
+        while !seen.ends_with(b"held\n") {
+            if stdout.read(&mut byte)? == 0 {
+                return Err(io::Error::other(format!(
+                    "psql ended before `{sql}` was held: {}",
+                    String::from_utf8_lossy(&seen)
+                )));
+            }
+            seen.push(byte[0]);
+        }
+        Ok(transaction)
+    }
+}
+
+impl Transaction {
+    /// Commits and waits for the session to end.
+    pub fn commit(mut self) -> io::Result<()> {
+        let mut stdin = self.child.stdin.take().expect("piped stdin");
+        writeln!(stdin, "COMMIT;")?;
+        drop(stdin);
+        let status = self.child.wait()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("psql ended with {status}")))
+        }
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
