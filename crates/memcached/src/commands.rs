@@ -12,6 +12,35 @@ use crate::stats::ServerStats;
 /// requests rather than one very long line.
 const KEYS_PER_GET: usize = 100;
 
+/// Keys asked for in order, as a multi-key `get` writes them and its replies name them.
+pub(crate) trait KeyList {
+    fn count(&self) -> usize;
+    /// About how many bytes the keys take, each with a space.
+    fn bytes(&self) -> usize;
+    /// Writes key `i`.
+    fn write(&self, i: usize, out: &mut Vec<u8>);
+    /// Where `key` stands among keys `from..`, if it is one of them.
+    fn find(&self, from: usize, key: &str) -> Option<usize>;
+}
+
+impl KeyList for [String] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.iter().map(|key| key.len() + 1).sum()
+    }
+
+    fn write(&self, i: usize, out: &mut Vec<u8>) {
+        out.extend_from_slice(self[i].as_bytes());
+    }
+
+    fn find(&self, from: usize, key: &str) -> Option<usize> {
+        Some(from + self[from..].iter().position(|k| k == key)?)
+    }
+}
+
 /// How a storage command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreReply {
@@ -81,7 +110,7 @@ impl Pool {
     pub async fn get_in_order(
         &self,
         route: &str,
-        keys: &[String],
+        keys: &(impl KeyList + ?Sized),
         deadline: Deadline,
     ) -> Result<Vec<Option<Vec<u8>>>, MemcachedError> {
         let replies = self.call(route, get_requests(keys), deadline).await?;
@@ -93,25 +122,25 @@ impl Pool {
     fn found_in_order(
         &self,
         route: &str,
-        keys: &[String],
+        keys: &(impl KeyList + ?Sized),
         replies: Vec<Reply>,
     ) -> Result<Vec<Option<Vec<u8>>>, MemcachedError> {
-        let mut found = vec![None; keys.len()];
+        let mut found = vec![None; keys.count()];
         let mut next = 0;
         for reply in replies {
             let Reply::Values(items) = reply else {
                 return Err(wrong(self, route, "get", &reply));
             };
             for item in items {
-                let Some(at) = keys[next..].iter().position(|k| *k == item.key) else {
+                let Some(at) = keys.find(next, &item.key) else {
                     let message = format!(
                         "get answered key {} unasked, twice or out of order",
                         item.key
                     );
                     return Err(protocol(self, route, message));
                 };
-                found[next + at] = Some(item.value);
-                next += at + 1;
+                found[at] = Some(item.value);
+                next = at + 1;
             }
         }
         Ok(found)
@@ -245,7 +274,7 @@ impl Pool {
     pub async fn get_and_add_with(
         &self,
         route: &str,
-        keys: &[String],
+        keys: &(impl KeyList + ?Sized),
         (key, value): (&str, &[u8]),
         (other, other_value): (&str, &[u8]),
         exptime: u32,
@@ -400,11 +429,18 @@ fn add_with_requests(
 
 /// `get` requests for `keys`, at most [`KEYS_PER_GET`] keys each, with room for a few
 /// more requests after them (an `add` and a `set`, or an `incr`).
-fn get_requests(keys: &[String]) -> Requests {
-    let len = keys.iter().map(|key| key.len() + 1).sum::<usize>();
-    let mut requests = Requests::with_capacity(len + 8 * keys.len().div_ceil(KEYS_PER_GET) + 160);
-    for chunk in keys.chunks(KEYS_PER_GET) {
-        requests.push(Expect::Values, |out| protocol::get(out, chunk, false));
+fn get_requests(keys: &(impl KeyList + ?Sized)) -> Requests {
+    let n = keys.count();
+    let mut requests = Requests::with_capacity(keys.bytes() + 8 * n.div_ceil(KEYS_PER_GET) + 160);
+    for start in (0..n).step_by(KEYS_PER_GET) {
+        requests.push(Expect::Values, |out| {
+            out.extend_from_slice(b"get");
+            for i in start..n.min(start + KEYS_PER_GET) {
+                out.push(b' ');
+                keys.write(i, out);
+            }
+            out.extend_from_slice(b"\r\n");
+        });
     }
     requests
 }

@@ -12,7 +12,7 @@ use sluice_core::Quota;
 use crate::MemcachedError;
 use crate::commands::StoreReply;
 use crate::key::Keys;
-use crate::leaf::{count, counter_record};
+use crate::leaf::{count_named, counter_record};
 use crate::pool::Deadline;
 use crate::store::Inner;
 
@@ -77,7 +77,8 @@ impl Known {
 }
 
 /// The window as read: the sub-windows' counts, oldest first (the current one last), the
-/// next sub-window's count, and whether the current counter exists.
+/// next sub-window's count (zero when it was not read: see [`Inner::ahead_may_count`]),
+/// and whether the current counter exists.
 pub(crate) struct Window {
     pub(crate) counts: Vec<u64>,
     pub(crate) ahead: u64,
@@ -114,8 +115,8 @@ pub(crate) enum Guess {
 /// `incr` returns always has.
 ///
 /// The `empty` oldest sub-windows are known to hold no counter (see [`Known`]) and are not
-/// read: the window of an identifier new in this sub-window is three keys (the previous,
-/// the current and the next sub-window's), not `g + 1`.
+/// read: the window of an identifier new in this sub-window is two keys (the previous and
+/// the current sub-window's; three near the next one's start), not `g + 1`.
 pub(crate) async fn read_window(
     inner: &Arc<Inner>,
     (keys, quota, current, now): (&Keys, &Quota, u64, u64),
@@ -132,9 +133,10 @@ pub(crate) async fn read_window(
     let skippable_end = settled.min(current.saturating_sub(1)).max(oldest);
     let empty = empty.min(skippable_end - oldest);
     let first = oldest + empty;
-    // The next sub-window too: app servers whose clocks run ahead count into it.
-    let names: Vec<String> = (first..=current + 1).map(|n| keys.window(n)).collect();
-    let key = &names[names.len() - 2];
+    // The next sub-window too when app servers whose clocks run ahead may count into it.
+    let ahead = inner.ahead_may_count(quota, current, now, deadline);
+    let names = keys.windows(first, current + u64::from(ahead));
+    let at_current = (current - first) as usize;
     // `found`: the counter is there, whatever the read saw before the write behind it.
     let (read, counted, found) = match guess {
         Guess::Read => {
@@ -148,7 +150,10 @@ pub(crate) async fn read_window(
                 .get_and_add_with(
                     keys.route(),
                     &names,
-                    (key, itoa::Buffer::new().format(cost).as_bytes()),
+                    (
+                        &names.name(at_current),
+                        itoa::Buffer::new().format(cost).as_bytes(),
+                    ),
                     (&keys.meta(), meta.as_bytes()),
                     expiry,
                     deadline,
@@ -162,23 +167,23 @@ pub(crate) async fn read_window(
     };
     let ceiling = quota.limit().saturating_mul(2);
     // Oldest first, g of them (sub-windows before number 0, and those known empty, count
-    // nothing).
+    // nothing), then the next one's when read.
     let mut counts = Vec::with_capacity(g as usize + 1);
     counts.resize((g - (current + 1 - first)) as usize, 0);
-    for (name, value) in names.iter().zip(&read) {
+    for (i, value) in read.iter().enumerate() {
         counts.push(match value {
-            Some(value) => count(name, value)?.min(ceiling),
+            Some(value) => count_named(value, || names.name(i))?.min(ceiling),
             None => 0,
         });
     }
-    let ahead = counts.pop().unwrap_or(0);
+    let ahead = if ahead { counts.pop().unwrap_or(0) } else { 0 };
     // Skippable sub-windows read without a counter, after those known so.
     let past = skippable_end.saturating_sub(first) as usize;
     let empty = empty + read[..past].iter().take_while(|v| v.is_none()).count() as u64;
     Ok(Window {
         counts,
         ahead,
-        present: read[names.len() - 2].is_some() || found,
+        present: read[at_current].is_some() || found,
         empty,
         counted,
     })
