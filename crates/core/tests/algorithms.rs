@@ -245,6 +245,29 @@ proptest! {
         }
     }
 
+    /// The verdict on counts as a store reads them (oldest first, ending at sub-window
+    /// `newest`) is the verdict on the counters built from them, for `now` in, after and
+    /// before that sub-window, and counts up to past the limit.
+    #[test]
+    fn sliding_window_verdict_on_parts_agrees_with_the_verdict(
+        q in small_quota(Algorithm::SlidingWindow), now in start(), cost in 0..30u64,
+        counts in proptest::collection::vec(0..25u64, 10), back in 0..12u64, ahead in 0..3u64,
+    ) {
+        let g = q.windows() as usize;
+        let counts = &counts[..g];
+        let current = now / q.sub_window_ticks();
+        for newest in [current.saturating_sub(back), current + ahead] {
+            let state = State::SlidingWindow(
+                sluice_core::algorithm::sliding_window::Counters::from_parts(newest, counts),
+            );
+            prop_assert_eq!(
+                q.sliding_window_verdict(newest, counts, now, cost),
+                q.verdict(&state, now, cost),
+                "newest {} counts {:?}", newest, counts
+            );
+        }
+    }
+
     #[test]
     fn sliding_log_admits_at_most_limit_per_window(
         q in small_quota(Algorithm::SlidingLog), start in start(), trace in hits(200),

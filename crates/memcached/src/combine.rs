@@ -226,11 +226,9 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
 }
 
 /// Judges `hits` on the window `read` and answers each.
-async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<Pending>) {
+async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, mut hits: Vec<Pending>) {
     let now = tokio::time::Instant::now();
-    let (late, hits): (Vec<Pending>, Vec<Pending>) =
-        hits.into_iter().partition(|h| h.deadline.at <= now);
-    for hit in late {
+    for hit in hits.extract_if(.., |h| h.deadline.at <= now) {
         let _ = hit
             .reply
             .send(Err(MemcachedError::Timeout(hit.deadline.budget)));
@@ -246,9 +244,8 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
         }
         return;
     };
-    let costs: Vec<(u64, u64)> = hits.iter().map(|h| (h.now, h.cost)).collect();
     let empty = read.empty;
-    match judge_batch(inner, counter, read, &costs, deadline).await {
+    match judge_batch(inner, counter, read, &hits, deadline).await {
         Ok(judged) => {
             inner.windows.known.remember(counter.hash, empty);
             for (hit, judged) in hits.into_iter().zip(judged) {
@@ -259,12 +256,12 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, hits: Vec<P
     }
 }
 
-/// Judges `hits` (`(now, cost)`, in order) on the counter: see the module documentation.
+/// Judges `hits` (in order) on the counter: see the module documentation.
 async fn judge_batch(
     inner: &Arc<Inner>,
     counter: &Counter,
     read: Window,
-    hits: &[(u64, u64)],
+    hits: &[Pending],
     deadline: Deadline,
 ) -> Result<Vec<Judged>, MemcachedError> {
     let Counter {
@@ -274,7 +271,6 @@ async fn judge_batch(
         ..
     } = counter;
     let (quota, current) = (*quota, *current);
-    let key = keys.window(current);
     let ceiling = quota.limit().saturating_mul(2);
     let Window {
         mut counts,
@@ -291,9 +287,9 @@ async fn judge_batch(
     // First judgement, on the window as read: which hits would fit, one after the other.
     let mut judged = Vec::with_capacity(hits.len());
     let mut planned = 0u64;
-    for &(now, cost) in hits {
+    for &Pending { now, cost, .. } in hits {
         counts[last] = base.saturating_add(planned);
-        let verdict = quota.verdict(&state(&counts), now, cost);
+        let verdict = quota.sliding_window_verdict(current, &counts, now, cost);
         if verdict.allowed && cost > 0 {
             planned += cost;
         }
@@ -308,7 +304,7 @@ async fn judge_batch(
         // The read counted enough already.
         Some(Counted { cost, total }) if cost >= planned => (cost, total),
         Some(Counted { cost, .. }) => {
-            let now = hits[0].0;
+            let now = hits[0].now;
             let more = planned - cost;
             let total = inner
                 .increment(keys, current, &quota, now, more, true, deadline)
@@ -317,7 +313,7 @@ async fn judge_batch(
         }
         None if planned == 0 => return Ok(judged),
         None => {
-            let now = hits[0].0;
+            let now = hits[0].now;
             let total = inner
                 .increment(keys, current, &quota, now, planned, present, deadline)
                 .await?;
@@ -335,23 +331,24 @@ async fn judge_batch(
 
     // Second judgement, on the total: the hits kept so far count for the later ones.
     let mut kept = 0u64;
-    for (j, &(now, cost)) in judged.iter_mut().zip(hits) {
+    for (j, &Pending { now, cost, .. }) in judged.iter_mut().zip(hits) {
         if !j.verdict.allowed || cost == 0 {
             continue;
         }
         counts[last] = others.saturating_add(kept).saturating_add(ahead);
-        j.verdict = quota.verdict(&state(&counts), now, cost);
+        j.verdict = quota.sliding_window_verdict(current, &counts, now, cost);
         if j.verdict.allowed {
             kept += cost;
             counts[last] = others.saturating_add(kept).saturating_add(ahead);
             j.recorded = Some(Recorded::Counter {
-                key: key.clone(),
+                number: current,
                 cost,
             });
             j.after = Some(state(&counts));
         }
     }
     if kept < added {
+        let key = keys.window(current);
         inner.decrement(keys, &key, added - kept, deadline).await;
     }
     Ok(judged)

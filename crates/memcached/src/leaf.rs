@@ -75,8 +75,9 @@ impl Mode {
 /// Where a hit was recorded, to give it back.
 #[derive(Debug, Clone)]
 pub enum Recorded {
+    /// Added to the counter of sub-window `number`.
     Counter {
-        key: String,
+        number: u64,
         cost: u64,
     },
     State {
@@ -365,7 +366,7 @@ impl Inner {
             // Hits counted ahead of us are taken as this sub-window's: never too few.
             let last = counts.len() - 1;
             counts[last] = counts[last].saturating_add(ahead_count);
-            let verdict = quota.verdict(&state(&counts), now, cost);
+            let verdict = quota.sliding_window_verdict(current, &counts, now, cost);
             if !mode.records(&verdict) || cost == 0 {
                 return Ok(Judged {
                     verdict: racing(mode, verdict),
@@ -390,7 +391,7 @@ impl Inner {
         };
         counts[last] = mine.saturating_add(ahead_count);
         // The verdict at the moment the hit reached the counter.
-        let mut verdict = quota.verdict(&state(&counts), now, cost);
+        let mut verdict = quota.sliding_window_verdict(current, &counts, now, cost);
         if verdict.allowed && mode != Mode::Force && self.near_boundary(quota, now) {
             // App servers whose clocks differ a little from ours count into the neighbouring
             // sub-windows right now: read those again, after our own count. Of two hits
@@ -410,7 +411,7 @@ impl Inner {
             if let Some(before) = neighbours.get(1) {
                 counts[last - 1] = counts[last - 1].max(fresh(before)?);
             }
-            verdict = quota.verdict(&state(&counts), now, cost);
+            verdict = quota.sliding_window_verdict(current, &counts, now, cost);
         }
         let keep = match mode {
             Mode::Take => verdict.allowed,
@@ -434,8 +435,8 @@ impl Inner {
         counts[last] = mine.saturating_add(kept);
         Ok(Judged {
             verdict,
-            recorded: (kept > 0).then(|| Recorded::Counter {
-                key: key.clone(),
+            recorded: (kept > 0).then_some(Recorded::Counter {
+                number: current,
                 cost: kept,
             }),
             after: Some(state(&counts)),
@@ -536,8 +537,9 @@ impl Inner {
         deadline: Deadline,
     ) -> Result<(), MemcachedError> {
         match recorded {
-            Recorded::Counter { key, cost } => {
-                self.decrement(keys, key, *cost, deadline).await;
+            Recorded::Counter { number, cost } => {
+                self.decrement(keys, &keys.window(*number), *cost, deadline)
+                    .await;
                 Ok(())
             }
             Recorded::Lease { id } => {

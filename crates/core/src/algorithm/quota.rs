@@ -233,6 +233,24 @@ impl Quota {
         gcra::verdict(self, tat, now, cost)
     }
 
+    /// [`Quota::verdict`] for a sliding-window quota whose counts are read oldest first, the
+    /// last of them sub-window `newest`'s (as [`Counters::from_parts`] takes them), for
+    /// stores that read them that way: no [`State`] is built. Meaningless for other
+    /// algorithms, or with other than [`Quota::windows`] counts.
+    ///
+    /// [`Counters::from_parts`]: crate::algorithm::sliding_window::Counters::from_parts
+    pub fn sliding_window_verdict(
+        &self,
+        newest: u64,
+        oldest_first: &[u64],
+        now: u64,
+        cost: u64,
+    ) -> Verdict {
+        debug_assert_eq!(self.algorithm, Algorithm::SlidingWindow);
+        debug_assert_eq!(oldest_first.len(), self.windows() as usize);
+        sliding_window::verdict_of_parts(self, newest, oldest_first, now, cost)
+    }
+
     /// For a GCRA quota's bare TAT word: whether [`Quota::gcra_verdict`] would admit a hit
     /// of `cost`, and whether that cost can ever be admitted (`retry` is not `Never`), without
     /// computing the counts a verdict carries.

@@ -101,18 +101,35 @@ impl Counters {
 }
 
 pub(crate) fn verdict(quota: &Quota, counters: &Counters, now: u64, cost: u64) -> Verdict {
+    verdict_with(quota, now, cost, |number| counters.count(number))
+}
+
+/// [`verdict`] on counts read as [`Counters::from_parts`] takes them (sub-window `newest`
+/// last), without building the counters.
+pub(crate) fn verdict_of_parts(
+    quota: &Quota,
+    newest: u64,
+    oldest_first: &[u64],
+    now: u64,
+    cost: u64,
+) -> Verdict {
+    let g = oldest_first.len() as u64;
+    verdict_with(quota, now, cost, |number| {
+        if number > newest || number + g <= newest {
+            0
+        } else {
+            oldest_first[(number + g - 1 - newest) as usize]
+        }
+    })
+}
+
+/// The verdict on the count of each sub-window, as `counted` gives it.
+fn verdict_with(quota: &Quota, now: u64, cost: u64, counted: impl Fn(u64) -> u64) -> Verdict {
     let sub = quota.sub_window_ticks();
     let g = quota.windows() as u64;
     let current = now / sub;
     let oldest = (current + 1).saturating_sub(g);
-    let counted = |number: u64| {
-        if number > counters.newest {
-            0
-        } else {
-            counters.count(number)
-        }
-    };
-    let used: u64 = (oldest..=current).map(counted).sum();
+    let used: u64 = (oldest..=current).map(&counted).sum();
     let limit = quota.limit();
     // The newest sub-window holding hits decides when everything has expired.
     let last_nonzero = (oldest..=current).rev().find(|&n| counted(n) > 0);
