@@ -30,6 +30,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sluice_core::algorithm::sliding_window::Counters as Windows;
 use sluice_core::{Quota, State};
+use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::MemcachedError;
@@ -45,8 +46,29 @@ struct Pending {
     now: u64,
     cost: u64,
     deadline: Deadline,
-    reply: oneshot::Sender<Result<Judged, MemcachedError>>,
+    /// Where its answer goes: `None` for a batch's first hit while its caller runs the batch
+    /// itself (a lone hit, the common case), which then takes the answer back directly.
+    reply: Option<oneshot::Sender<Result<Judged, MemcachedError>>>,
 }
+
+impl Pending {
+    /// Sends `answer` to the hit's caller, or hands it back if the caller runs the batch.
+    fn answer(
+        self,
+        answer: Result<Judged, MemcachedError>,
+    ) -> Option<Result<Judged, MemcachedError>> {
+        match self.reply {
+            Some(reply) => {
+                let _ = reply.send(answer);
+                None
+            }
+            None => Some(answer),
+        }
+    }
+}
+
+/// A batch's hits, in order: inline when alone.
+type Batch = SmallVec<[Pending; 1]>;
 
 /// The identifier's keys, the quota and the sub-window a batch counts in.
 #[derive(Clone)]
@@ -58,8 +80,9 @@ struct Counter {
     hash: u64,
 }
 
-/// Hits waiting, by counter key; a key is present while a batch of it gathers.
-type Waiting = HashMap<(String, Quota), Vec<Pending>, Hasher>;
+/// Hits waiting, by counter (identifier, sub-window, quota); a counter is present while a
+/// batch of it gathers.
+type Waiting = HashMap<(Keys, u64, Quota), Vec<Pending>, Hasher>;
 
 /// foldhash, seeded per process: the key is hashed once to pick a shard and again by the
 /// map, on every hit; SipHash was 1-2% of the client's CPU on a sliding window.
@@ -83,7 +106,7 @@ impl Combiner {
         }
     }
 
-    fn hash(&self, key: &(String, Quota)) -> u64 {
+    fn hash(&self, key: &(Keys, u64, Quota)) -> u64 {
         self.hasher.hash_one(key)
     }
 
@@ -96,7 +119,7 @@ impl Combiner {
 struct Collecting<'a> {
     inner: &'a Arc<Inner>,
     counter: &'a Counter,
-    key: Option<(String, Quota)>,
+    key: Option<(Keys, u64, Quota)>,
     hash: u64,
 }
 
@@ -120,7 +143,7 @@ impl Drop for Collecting<'_> {
         let joined = self.take();
         if !joined.is_empty() {
             let (inner, counter) = (Arc::clone(self.inner), self.counter.clone());
-            tokio::spawn(async move { run_batch(&inner, &counter, joined).await });
+            tokio::spawn(async move { run_batch(&inner, &counter, Batch::from_vec(joined)).await });
         }
     }
 }
@@ -137,83 +160,111 @@ impl Inner {
         deadline: Deadline,
     ) -> Result<Judged, MemcachedError> {
         let current = now / quota.sub_window_ticks();
-        let key = (keys.window(current), *quota);
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending {
-            now,
-            cost,
-            deadline,
-            reply,
-        };
+        let key = (keys.clone(), current, *quota);
         let hash = self.windows.hash(&key);
-        let lead = {
+        let joined = {
             let mut waiting = self.windows.shard(hash).lock();
             match waiting.get_mut(&key) {
                 Some(queue) => {
-                    queue.push(pending);
-                    None
+                    let (reply, answer) = oneshot::channel();
+                    queue.push(Pending {
+                        now,
+                        cost,
+                        deadline,
+                        reply: Some(reply),
+                    });
+                    Some(answer)
                 }
                 None => {
                     waiting.insert(key.clone(), Vec::new());
-                    Some(pending)
+                    None
                 }
             }
         };
+        if let Some(answer) = joined {
+            return wait(answer, keys, deadline).await;
+        }
         let counter = Counter {
             keys: keys.clone(),
             quota: *quota,
             current,
             hash,
         };
-        if let Some(pending) = lead {
-            let mut collecting = Collecting {
-                inner: self,
-                counter: &counter,
-                key: Some(key),
-                hash,
-            };
-            // Hits on this counter that come while the window is read join the batch; it
-            // closes when the read is back. The read guesses from how this process last
-            // saw the counter (see `read_window`).
-            let guess = match self.windows.known.guess(hash, now, cost) {
-                (_, empty) if cost > quota.limit() => (Guess::Read, empty),
-                guess => guess,
-            };
-            let at = (keys, quota, current, now);
-            let read = read_window(self, at, guess, deadline).await;
-            let joined = collecting.take();
-            let mut batch = vec![pending];
-            batch.extend(joined);
-            match read {
-                Err(error) => fail(batch, &error),
-                Ok(read) if batch.len() == 1 => settle(self, &counter, read, batch).await,
-                Ok(read) => {
-                    // On a task of its own, so the hits that joined are answered even if
-                    // this caller stops waiting.
-                    let (inner, counter) = (Arc::clone(self), counter.clone());
-                    tokio::spawn(async move { settle(&inner, &counter, read, batch).await });
-                }
+        let mut collecting = Collecting {
+            inner: self,
+            counter: &counter,
+            key: Some(key),
+            hash,
+        };
+        // Hits on this counter that come while the window is read join the batch; it
+        // closes when the read is back. The read guesses from how this process last saw the
+        // counter (see `read_window`).
+        let guess = match self.windows.known.guess(hash, now, cost) {
+            (_, empty) if cost > quota.limit() => (Guess::Read, empty),
+            guess => guess,
+        };
+        let at = (keys, quota, current, now);
+        let read = read_window(self, at, guess, deadline).await;
+        let joined = collecting.take();
+        let mut lead = Pending {
+            now,
+            cost,
+            deadline,
+            reply: None,
+        };
+        if joined.is_empty() {
+            // Alone: this caller settles its own hit, no channel needed.
+            let read = read?;
+            let answer = settle(self, &counter, read, smallvec::smallvec![lead]).await;
+            return answer.expect("a batch answers its caller's own hit");
+        }
+        let (reply, answer) = oneshot::channel();
+        lead.reply = Some(reply);
+        let mut batch = Batch::with_capacity(joined.len() + 1);
+        batch.push(lead);
+        batch.extend(joined);
+        match read {
+            Err(error) => {
+                fail(batch, &error);
+            }
+            Ok(read) => {
+                // On a task of its own, so the hits that joined are answered even if this
+                // caller stops waiting.
+                let (inner, counter) = (Arc::clone(self), counter.clone());
+                tokio::spawn(async move { settle(&inner, &counter, read, batch).await });
             }
         }
-        match tokio::time::timeout_at(deadline.at, answer).await {
-            Ok(Ok(judged)) => judged,
-            Ok(Err(_)) => Err(MemcachedError::Io {
-                server: keys.route().to_owned(),
-                message: "the hit was dropped".into(),
-            }),
-            Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
-        }
+        wait(answer, keys, deadline).await
     }
 }
 
-fn fail(hits: Vec<Pending>, error: &MemcachedError) {
-    for hit in hits {
-        let _ = hit.reply.send(Err(error.clone()));
+/// A hit's answer from the batch that took it, within its deadline.
+async fn wait(
+    answer: oneshot::Receiver<Result<Judged, MemcachedError>>,
+    keys: &Keys,
+    deadline: Deadline,
+) -> Result<Judged, MemcachedError> {
+    match tokio::time::timeout_at(deadline.at, answer).await {
+        Ok(Ok(judged)) => judged,
+        Ok(Err(_)) => Err(MemcachedError::Io {
+            server: keys.route().to_owned(),
+            message: "the hit was dropped".into(),
+        }),
+        Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
     }
+}
+
+/// Fails every hit; the answer of the caller's own hit, if it runs the batch.
+fn fail(hits: Batch, error: &MemcachedError) -> Option<Result<Judged, MemcachedError>> {
+    let mut own = None;
+    for hit in hits {
+        own = own.or(hit.answer(Err(error.clone())));
+    }
+    own
 }
 
 /// Reads the window, then judges `hits` on it.
-async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
+async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Batch) {
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         return;
     };
@@ -222,14 +273,20 @@ async fn run_batch(inner: &Arc<Inner>, counter: &Counter, hits: Vec<Pending>) {
     match read_window(inner, at, (Guess::Read, 0), deadline).await {
         Ok(read) => settle(inner, counter, read, hits).await,
         Err(error) => fail(hits, &error),
-    }
+    };
 }
 
-/// Judges `hits` on the window `read` and answers each.
-async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, mut hits: Vec<Pending>) {
+/// Judges `hits` on the window `read` and answers each; the answer of the caller's own hit,
+/// if it runs the batch.
+async fn settle(
+    inner: &Arc<Inner>,
+    counter: &Counter,
+    read: Window,
+    mut hits: Batch,
+) -> Option<Result<Judged, MemcachedError>> {
     let now = tokio::time::Instant::now();
-    // In place, in order (late hits are rare; a `Vec` each for the late and the rest was
-    // two allocations a batch).
+    let mut own = None;
+    // In place, in order (late hits are rare).
     let mut i = 0;
     while i < hits.len() {
         if hits[i].deadline.at > now {
@@ -237,9 +294,8 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, mut hits: V
             continue;
         }
         let hit = hits.remove(i);
-        let _ = hit
-            .reply
-            .send(Err(MemcachedError::Timeout(hit.deadline.budget)));
+        let budget = hit.deadline.budget;
+        own = own.or(hit.answer(Err(MemcachedError::Timeout(budget))));
     }
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         if let Some(counted) = read.counted {
@@ -250,17 +306,18 @@ async fn settle(inner: &Arc<Inner>, counter: &Counter, read: Window, mut hits: V
                 .decrement(&counter.keys, &key, counted.cost, deadline)
                 .await;
         }
-        return;
+        return own;
     };
     let empty = read.empty;
     match judge_batch(inner, counter, read, &hits, deadline).await {
         Ok(judged) => {
             inner.windows.known.remember(counter.hash, empty);
             for (hit, judged) in hits.into_iter().zip(judged) {
-                let _ = hit.reply.send(Ok(judged));
+                own = own.or(hit.answer(Ok(judged)));
             }
+            own
         }
-        Err(error) => fail(hits, &error),
+        Err(error) => own.or(fail(hits, &error)),
     }
 }
 

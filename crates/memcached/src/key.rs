@@ -16,6 +16,7 @@
 //! and no two kinds of key, can share a key.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -26,10 +27,11 @@ use crate::protocol::number;
 /// stays within memcached's 250 bytes.
 pub const MAX_PLAIN: usize = 200;
 
-/// The keys of one identifier.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The keys of one identifier. The base is shared (`Arc`), so a copy (a batch's, the
+/// combiner's map key) allocates nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Keys {
-    base: String,
+    base: Arc<str>,
 }
 
 impl Keys {
@@ -41,14 +43,14 @@ impl Keys {
                 .bytes()
                 .all(|b| b.is_ascii_graphic() && b != b'|');
         let base = if plain {
-            identifier.to_owned()
+            Arc::from(identifier)
         } else {
             let mut base = String::with_capacity(65);
             base.push('#');
             for byte in Sha256::digest(identifier.as_bytes()) {
                 let _ = write!(base, "{byte:02x}");
             }
-            base
+            Arc::from(base)
         };
         Keys { base }
     }
@@ -124,9 +126,7 @@ impl KeyList for WindowKeys<'_> {
     }
 
     fn find(&self, from: usize, key: &str) -> Option<usize> {
-        let digits = key
-            .strip_prefix(self.keys.base.as_str())?
-            .strip_prefix("|w")?;
+        let digits = key.strip_prefix(&*self.keys.base)?.strip_prefix("|w")?;
         // Written without leading zeros: `|w07` is not the key of sub-window 7.
         if digits.len() > 1 && digits.starts_with('0') {
             return None;
