@@ -354,7 +354,7 @@ impl Inner {
             // into it.
             let ahead = keys.window(current + 1);
             let mut asked = names.clone();
-            if self.ahead_may_count(quota, current, now, deadline) {
+            if self.ahead_may_count(quota, current, deadline) {
                 asked.push(ahead.clone());
             }
             let read = self.pool.get(keys.route(), &asked, deadline).await?;
@@ -444,20 +444,19 @@ impl Inner {
     }
 
     /// Whether an app server whose clock runs ahead of ours (by the skew at most) may have
-    /// counted into sub-window `current + 1` by the time a call made at `now` reaches
-    /// memcached (within its deadline's budget): only then does a read of the window need
-    /// the next sub-window's counter. Far from the boundary no such counter can exist yet,
-    /// and leaving it out saves memcached a key (of three to eleven) on most reads.
-    pub(crate) fn ahead_may_count(
-        &self,
-        quota: &Quota,
-        current: u64,
-        now: u64,
-        deadline: Deadline,
-    ) -> bool {
+    /// counted into sub-window `current + 1` by the time a call sent now reaches memcached
+    /// (at its deadline at the latest): only then does a read of the window need the next
+    /// sub-window's counter. Far from the boundary no such counter can exist yet, and
+    /// leaving it out saves memcached a key (of three to eleven) on most reads. Timed from
+    /// the clock now, not from the hits' own times: a batch's read may leave well after
+    /// its first hit was made.
+    pub(crate) fn ahead_may_count(&self, quota: &Quota, current: u64, deadline: Deadline) -> bool {
         let next = (current + 1).saturating_mul(quota.sub_window_ticks());
-        let reach = (self.skew + deadline.budget).as_nanos() as u64;
-        now.saturating_add(reach) >= next
+        let left = deadline
+            .at
+            .saturating_duration_since(tokio::time::Instant::now());
+        let reach = (self.skew + left).as_nanos() as u64;
+        self.clock.now().saturating_add(reach) >= next
     }
 
     /// Whether `now` is within the store's clock skew of a sub-window boundary.

@@ -134,7 +134,7 @@ pub(crate) async fn read_window(
     let empty = empty.min(skippable_end - oldest);
     let first = oldest + empty;
     // The next sub-window too when app servers whose clocks run ahead may count into it.
-    let ahead = inner.ahead_may_count(quota, current, now, deadline);
+    let ahead = inner.ahead_may_count(quota, current, deadline);
     let names = keys.windows(first, current + u64::from(ahead));
     let at_current = (current - first) as usize;
     // `found`: the counter is there, whatever the read saw before the write behind it.
