@@ -39,9 +39,11 @@ impl Keys {
         let plain = !identifier.is_empty()
             && identifier.len() <= MAX_PLAIN
             && !identifier.starts_with('#')
+            // Every byte looked at, with no early exit, so the loop vectorises: it runs on
+            // every hit, and `all` took about 250 instructions on a 50-byte identifier.
             && identifier
                 .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'|');
+                .fold(true, |ok, b| ok & b.is_ascii_graphic() & (b != b'|'));
         let base = if plain {
             Arc::from(identifier)
         } else {
