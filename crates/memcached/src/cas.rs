@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use smallvec::{SmallVec, smallvec};
 use tokio::sync::oneshot;
 
 use crate::MemcachedError;
@@ -85,8 +86,29 @@ struct Update {
     plan: PlanFn,
     now: u64,
     deadline: Deadline,
-    reply: oneshot::Sender<Result<Answer, MemcachedError>>,
+    /// Where its answer goes: `None` for the update whose caller runs the batch itself (a
+    /// lone update, the common case), which takes its answer back directly.
+    reply: Option<oneshot::Sender<Result<Answer, MemcachedError>>>,
 }
+
+impl Update {
+    /// Sends `answer` to the update's caller, or hands it back if the caller runs the batch.
+    fn answer(
+        self,
+        answer: Result<Answer, MemcachedError>,
+    ) -> Option<Result<Answer, MemcachedError>> {
+        match self.reply {
+            Some(reply) => {
+                let _ = reply.send(answer);
+                None
+            }
+            None => Some(answer),
+        }
+    }
+}
+
+/// A batch's updates, in order: inline when alone.
+type Batch = SmallVec<[Update; 1]>;
 
 /// Updates waiting, by key; a key is present while a batch of it is being run.
 type Waiting = HashMap<String, Vec<Update>, Hasher>;
@@ -136,35 +158,48 @@ pub(crate) async fn update(
     plan: PlanFn,
 ) -> Result<Answer, MemcachedError> {
     let key = keys.state();
-    let (reply, answer) = oneshot::channel();
-    let update = Update {
+    let mut update = Update {
         plan,
         now,
         deadline,
-        reply,
+        reply: None,
     };
-    let lead = {
+    let queued = {
         let mut waiting = inner.combiner.shard(&key).lock();
         match waiting.get_mut(&key) {
             Some(queue) => {
+                let (reply, answer) = oneshot::channel();
+                update.reply = Some(reply);
                 queue.push(update);
-                None
+                Ok(answer)
             }
             None => {
                 waiting.insert(key.clone(), Vec::new());
-                Some(update)
+                Err(update)
             }
         }
     };
-    if let Some(update) = lead {
-        // A lone update runs in its caller's task; what queued meanwhile is handed over.
-        let handover = Handover {
-            inner: Arc::clone(inner),
-            keys: keys.clone(),
-            key,
-        };
-        run_batch(inner, keys, &handover.key, vec![update], true).await;
-    }
+    let update = match queued {
+        Ok(answer) => return wait(answer, keys, deadline).await,
+        Err(update) => update,
+    };
+    // A lone update runs in its caller's task, which takes its answer back directly; what
+    // queued meanwhile is handed over.
+    let handover = Handover {
+        inner: Arc::clone(inner),
+        keys: keys.clone(),
+        key,
+    };
+    let own = run_batch(inner, keys, &handover.key, smallvec![update], true).await;
+    own.expect("a batch answers its caller's own update")
+}
+
+/// An update's answer from the batch that took it, within its deadline.
+async fn wait(
+    answer: oneshot::Receiver<Result<Answer, MemcachedError>>,
+    keys: &Keys,
+    deadline: Deadline,
+) -> Result<Answer, MemcachedError> {
     match tokio::time::timeout_at(deadline.at, answer).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => Err(MemcachedError::Io {
@@ -216,14 +251,17 @@ async fn run_batches(inner: Arc<Inner>, keys: Keys, key: String) {
             }
         };
         // The batch before just read or wrote the key: no guess that it is absent.
-        run_batch(&inner, &keys, &key, batch, false).await;
+        run_batch(&inner, &keys, &key, Batch::from_vec(batch), false).await;
     }
 }
 
-fn fail(updates: Vec<Update>, error: &MemcachedError) {
+/// Fails every update; the answer of the caller's own, if it runs the batch.
+fn fail(updates: Batch, error: &MemcachedError) -> Option<Result<Answer, MemcachedError>> {
+    let mut own = None;
     for update in updates {
-        let _ = update.reply.send(Err(error.clone()));
+        own = own.or(update.answer(Err(error.clone())));
     }
+    own
 }
 
 /// The updates of a batch applied in order to `value` (what the key holds, `None` when
@@ -267,10 +305,16 @@ fn apply(updates: &mut [Update], mut value: Option<Vec<u8>>) -> Applied {
     }
 }
 
-fn answer(updates: Vec<Update>, answers: Vec<Result<Answer, MemcachedError>>) {
+/// Answers each update; the answer of the caller's own, if it runs the batch.
+fn answer(
+    updates: Batch,
+    answers: Vec<Result<Answer, MemcachedError>>,
+) -> Option<Result<Answer, MemcachedError>> {
+    let mut own = None;
     for (update, answer) in updates.into_iter().zip(answers) {
-        let _ = update.reply.send(answer);
+        own = own.or(update.answer(answer));
     }
+    own
 }
 
 /// Runs one batch.
@@ -285,24 +329,28 @@ async fn run_batch(
     inner: &Inner,
     keys: &Keys,
     key: &str,
-    mut updates: Vec<Update>,
+    mut updates: Batch,
     guess_absent: bool,
-) {
+) -> Option<Result<Answer, MemcachedError>> {
     let pool = &inner.pool;
     let route = keys.route();
+    let mut own = None;
     for attempt in 0..inner.cas_tries {
-        // Callers that gave up are answered (they no longer listen) and left out.
+        // Callers that gave up are answered (they no longer listen) and left out, in place
+        // and in order.
         let now = tokio::time::Instant::now();
-        let (late, live): (Vec<Update>, Vec<Update>) =
-            updates.into_iter().partition(|u| u.deadline.at <= now);
-        for update in late {
-            let _ = update
-                .reply
-                .send(Err(MemcachedError::Timeout(update.deadline.budget)));
+        let mut i = 0;
+        while i < updates.len() {
+            if updates[i].deadline.at > now {
+                i += 1;
+                continue;
+            }
+            let update = updates.remove(i);
+            let budget = update.deadline.budget;
+            own = own.or(update.answer(Err(MemcachedError::Timeout(budget))));
         }
-        updates = live;
         let Some(deadline) = updates.iter().map(|u| u.deadline).max_by_key(|d| d.at) else {
-            return;
+            return own;
         };
         let guess = (attempt == 0 && guess_absent)
             .then(|| apply(&mut updates, None))
@@ -323,8 +371,7 @@ async fn run_batch(
                             Counters::bump(&pool.counters.evictions);
                         }
                         let answers = guess.map(|g| g.answers).unwrap_or_default();
-                        answer(updates, answers);
-                        return;
+                        return own.or(answer(updates, answers));
                     }
                     Ok((None, _)) => {
                         // Created by another client between our `gets` and `add`: read again.
@@ -332,18 +379,12 @@ async fn run_batch(
                         continue;
                     }
                     Ok((current, _)) => current,
-                    Err(error) => {
-                        fail(updates, &error);
-                        return;
-                    }
+                    Err(error) => return own.or(fail(updates, &error)),
                 }
             }
             _ => match pool.gets(route, key, deadline).await {
                 Ok(current) => current,
-                Err(error) => {
-                    fail(updates, &error);
-                    return;
-                }
+                Err(error) => return own.or(fail(updates, &error)),
             },
         };
         let Applied {
@@ -363,10 +404,7 @@ async fn run_batch(
             None => Ok(StoreReply::Stored),
         };
         match stored {
-            Ok(StoreReply::Stored) => {
-                answer(updates, answers);
-                return;
-            }
+            Ok(StoreReply::Stored) => return own.or(answer(updates, answers)),
             Ok(StoreReply::NotFound) => {
                 // Gone between our read and our write: apply the batch to a fresh state.
                 if was_live {
@@ -377,10 +415,7 @@ async fn run_batch(
                 Counters::bump(&pool.counters.contention_retries);
                 backoff(attempt).await;
             }
-            Err(error) => {
-                fail(updates, &error);
-                return;
-            }
+            Err(error) => return own.or(fail(updates, &error)),
         }
     }
     Counters::bump(&pool.counters.contention_exhausted);
@@ -388,5 +423,5 @@ async fn run_batch(
         key: key.to_owned(),
         tries: inner.cas_tries,
     };
-    fail(updates, &error);
+    own.or(fail(updates, &error))
 }
