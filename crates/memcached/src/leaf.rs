@@ -39,10 +39,9 @@ use crate::commands::StoreReply;
 use crate::expiry::exptime;
 use crate::key::{Keys, Record};
 use crate::pool::Deadline;
-use crate::protocol::number;
 use crate::stats::Counters as Stats;
 use crate::store::Inner;
-use crate::value::{MAX_LEASES, MAX_LOG_LIMIT, Stored, decode, encode_state};
+use crate::value::{MAX_LEASES, MAX_LOG_LIMIT, Stored, count, decode, encode_state};
 
 /// Times a counter may vanish between our `add` and `incr` before the call gives up.
 const VANISH_TRIES: u32 = 3;
@@ -130,23 +129,6 @@ pub fn supported(quota: &Quota) -> Result<(), MemcachedError> {
         }
         _ => Ok(()),
     }
-}
-
-/// A counter's value: decimal, maybe space-padded at the end (memcached pads after `decr`).
-pub(crate) fn count(key: &str, value: &[u8]) -> Result<u64, MemcachedError> {
-    count_named(value, || key.to_owned())
-}
-
-/// [`count`], the key named only if the value is not a count.
-pub(crate) fn count_named(
-    value: &[u8],
-    key: impl FnOnce() -> String,
-) -> Result<u64, MemcachedError> {
-    let end = value.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
-    number(&value[..end]).ok_or_else(|| MemcachedError::Corrupt {
-        key: key(),
-        why: format!("{:?} is not a count", String::from_utf8_lossy(value)),
-    })
 }
 
 /// The leaf state a `|s` value holds; a fresh one when absent or written by another
@@ -441,30 +423,6 @@ impl Inner {
             }),
             after: Some(state(&counts)),
         })
-    }
-
-    /// Whether an app server whose clock runs ahead of ours (by the skew at most) may have
-    /// counted into sub-window `current + 1` by the time a call sent now reaches memcached
-    /// (at its deadline at the latest): only then does a read of the window need the next
-    /// sub-window's counter. Far from the boundary no such counter can exist yet, and
-    /// leaving it out saves memcached a key (of three to eleven) on most reads. Timed from
-    /// the clock now, not from the hits' own times: a batch's read may leave well after
-    /// its first hit was made.
-    pub(crate) fn ahead_may_count(&self, quota: &Quota, current: u64, deadline: Deadline) -> bool {
-        let next = (current + 1).saturating_mul(quota.sub_window_ticks());
-        let left = deadline
-            .at
-            .saturating_duration_since(tokio::time::Instant::now());
-        let reach = (self.skew + left).as_nanos() as u64;
-        self.clock.now().saturating_add(reach) >= next
-    }
-
-    /// Whether `now` is within the store's clock skew of a sub-window boundary.
-    fn near_boundary(&self, quota: &Quota, now: u64) -> bool {
-        let sub = quota.sub_window_ticks();
-        let into = now % sub;
-        let skew = self.skew.as_nanos() as u64;
-        into < skew || sub - into <= skew
     }
 
     /// Adds `by` to the counter of sub-window `number`, creating it if needed (and the

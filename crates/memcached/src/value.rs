@@ -15,6 +15,7 @@ use sluice_core::algorithm::concurrency::Leases;
 use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::{PenaltyState, State};
 
+use crate::MemcachedError;
 use crate::protocol::number;
 
 /// Most entries a sliding log may hold on memcached: at most 42 bytes each, a full log stays
@@ -208,6 +209,23 @@ pub fn decode(value: &[u8]) -> Result<Stored, String> {
         }
         other => Err(format!("unknown kind `{other}`")),
     }
+}
+
+/// A counter's value: decimal, maybe space-padded at the end (memcached pads after `decr`).
+pub(crate) fn count(key: &str, value: &[u8]) -> Result<u64, MemcachedError> {
+    count_named(value, || key.to_owned())
+}
+
+/// [`count`], the key named only if the value is not a count.
+pub(crate) fn count_named(
+    value: &[u8],
+    key: impl FnOnce() -> String,
+) -> Result<u64, MemcachedError> {
+    let end = value.iter().rposition(|&b| b != b' ').map_or(0, |i| i + 1);
+    number(&value[..end]).ok_or_else(|| MemcachedError::Corrupt {
+        key: key(),
+        why: format!("{:?} is not a count", String::from_utf8_lossy(value)),
+    })
 }
 
 #[cfg(test)]

@@ -12,9 +12,10 @@ use sluice_core::Quota;
 use crate::MemcachedError;
 use crate::commands::StoreReply;
 use crate::key::Keys;
-use crate::leaf::{count_named, counter_record};
+use crate::leaf::counter_record;
 use crate::pool::Deadline;
 use crate::store::Inner;
+use crate::value::count_named;
 
 /// Counters this process has lately read or made, by hash: a direct-mapped table whose
 /// slot holds the hash of the counter last seen there, its lowest byte replaced by how many
@@ -73,6 +74,33 @@ impl Known {
     pub(crate) fn remember(&self, hash: u64, empty: u64) {
         let seen = (hash & !0xFF) | empty.min(MAX_EMPTY);
         self.slot(hash).store(seen, Ordering::Relaxed);
+    }
+}
+
+/// Where a sub-window's boundary is near enough for clocks that differ by the skew.
+impl Inner {
+    /// Whether an app server whose clock runs ahead of ours (by the skew at most) may have
+    /// counted into sub-window `current + 1` by the time a call sent now reaches memcached
+    /// (at its deadline at the latest): only then does a read of the window need the next
+    /// sub-window's counter. Far from the boundary no such counter can exist yet, and
+    /// leaving it out saves memcached a key (of three to eleven) on most reads. Timed from
+    /// the clock now, not from the hits' own times: a batch's read may leave well after
+    /// its first hit was made.
+    pub(crate) fn ahead_may_count(&self, quota: &Quota, current: u64, deadline: Deadline) -> bool {
+        let next = (current + 1).saturating_mul(quota.sub_window_ticks());
+        let left = deadline
+            .at
+            .saturating_duration_since(tokio::time::Instant::now());
+        let reach = (self.skew + left).as_nanos() as u64;
+        self.clock.now().saturating_add(reach) >= next
+    }
+
+    /// Whether `now` is within the store's clock skew of a sub-window boundary.
+    pub(crate) fn near_boundary(&self, quota: &Quota, now: u64) -> bool {
+        let sub = quota.sub_window_ticks();
+        let into = now % sub;
+        let skew = self.skew.as_nanos() as u64;
+        into < skew || sub - into <= skew
     }
 }
 
