@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use smallvec::{SmallVec, smallvec};
+use smallvec::smallvec;
 use tokio::sync::oneshot;
 
 use crate::MemcachedError;
@@ -38,6 +38,7 @@ use crate::key::Keys;
 use crate::leaf::Judged;
 use crate::pool::Deadline;
 use crate::protocol::Verb;
+use crate::reply::{self, Outcome, ReplyTo, Step, deliver, fail, take_late, wait};
 use crate::stats::Counters;
 use crate::store::Inner;
 
@@ -88,27 +89,22 @@ struct Update {
     deadline: Deadline,
     /// Where its answer goes: `None` for the update whose caller runs the batch itself (a
     /// lone update, the common case), which takes its answer back directly.
-    reply: Option<oneshot::Sender<Result<Answer, MemcachedError>>>,
+    reply: ReplyTo<Answer>,
 }
 
-impl Update {
-    /// Sends `answer` to the update's caller, or hands it back if the caller runs the batch.
-    fn answer(
-        self,
-        answer: Result<Answer, MemcachedError>,
-    ) -> Option<Result<Answer, MemcachedError>> {
-        match self.reply {
-            Some(reply) => {
-                let _ = reply.send(answer);
-                None
-            }
-            None => Some(answer),
-        }
+impl Step for Update {
+    type Answer = Answer;
+
+    fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
+    fn answer(self, answer: Outcome<Answer>) -> Option<Outcome<Answer>> {
+        deliver(self.reply, answer)
     }
 }
 
-/// A batch's updates, in order: inline when alone.
-type Batch = SmallVec<[Update; 1]>;
+type Batch = reply::Batch<Update>;
 
 /// Updates waiting, by key; a key is present while a batch of it is being run.
 type Waiting = HashMap<String, Vec<Update>, Hasher>;
@@ -180,7 +176,7 @@ pub(crate) async fn update(
         }
     };
     let update = match queued {
-        Ok(answer) => return wait(answer, keys, deadline).await,
+        Ok(answer) => return wait(answer, keys, deadline, "update").await,
         Err(update) => update,
     };
     // A lone update runs in its caller's task, which takes its answer back directly; what
@@ -192,22 +188,6 @@ pub(crate) async fn update(
     };
     let own = run_batch(inner, keys, &handover.key, smallvec![update], true).await;
     own.expect("a batch answers its caller's own update")
-}
-
-/// An update's answer from the batch that took it, within its deadline.
-async fn wait(
-    answer: oneshot::Receiver<Result<Answer, MemcachedError>>,
-    keys: &Keys,
-    deadline: Deadline,
-) -> Result<Answer, MemcachedError> {
-    match tokio::time::timeout_at(deadline.at, answer).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(_)) => Err(MemcachedError::Io {
-            server: keys.route().to_owned(),
-            message: "the update was dropped".into(),
-        }),
-        Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
-    }
 }
 
 /// Hands the updates that queued behind a caller's own batch to a task of their own, or
@@ -253,15 +233,6 @@ async fn run_batches(inner: Arc<Inner>, keys: Keys, key: String) {
         // The batch before just read or wrote the key: no guess that it is absent.
         run_batch(&inner, &keys, &key, Batch::from_vec(batch), false).await;
     }
-}
-
-/// Fails every update; the answer of the caller's own, if it runs the batch.
-fn fail(updates: Batch, error: &MemcachedError) -> Option<Result<Answer, MemcachedError>> {
-    let mut own = None;
-    for update in updates {
-        own = own.or(update.answer(Err(error.clone())));
-    }
-    own
 }
 
 /// The updates of a batch applied in order to `value` (what the key holds, `None` when
@@ -336,19 +307,8 @@ async fn run_batch(
     let route = keys.route();
     let mut own = None;
     for attempt in 0..inner.cas_tries {
-        // Callers that gave up are answered (they no longer listen) and left out, in place
-        // and in order.
-        let now = tokio::time::Instant::now();
-        let mut i = 0;
-        while i < updates.len() {
-            if updates[i].deadline.at > now {
-                i += 1;
-                continue;
-            }
-            let update = updates.remove(i);
-            let budget = update.deadline.budget;
-            own = own.or(update.answer(Err(MemcachedError::Timeout(budget))));
-        }
+        // Callers that gave up are answered (they no longer listen) and left out.
+        own = own.or(take_late(&mut updates));
         let Some(deadline) = updates.iter().map(|u| u.deadline).max_by_key(|d| d.at) else {
             return own;
         };

@@ -30,13 +30,13 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sluice_core::algorithm::sliding_window::Counters as Windows;
 use sluice_core::{Quota, State};
-use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::MemcachedError;
 use crate::key::Keys;
 use crate::leaf::{Judged, Recorded};
 use crate::pool::Deadline;
+use crate::reply::{self, Outcome, ReplyTo, Step, deliver, fail, take_late, wait};
 use crate::stats::Counters;
 use crate::store::Inner;
 use crate::window::{Counted, Guess, Known, Window, read_window};
@@ -48,27 +48,22 @@ struct Pending {
     deadline: Deadline,
     /// Where its answer goes: `None` for a batch's first hit while its caller runs the batch
     /// itself (a lone hit, the common case), which then takes the answer back directly.
-    reply: Option<oneshot::Sender<Result<Judged, MemcachedError>>>,
+    reply: ReplyTo<Judged>,
 }
 
-impl Pending {
-    /// Sends `answer` to the hit's caller, or hands it back if the caller runs the batch.
-    fn answer(
-        self,
-        answer: Result<Judged, MemcachedError>,
-    ) -> Option<Result<Judged, MemcachedError>> {
-        match self.reply {
-            Some(reply) => {
-                let _ = reply.send(answer);
-                None
-            }
-            None => Some(answer),
-        }
+impl Step for Pending {
+    type Answer = Judged;
+
+    fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
+    fn answer(self, answer: Outcome<Judged>) -> Option<Outcome<Judged>> {
+        deliver(self.reply, answer)
     }
 }
 
-/// A batch's hits, in order: inline when alone.
-type Batch = SmallVec<[Pending; 1]>;
+type Batch = reply::Batch<Pending>;
 
 /// The identifier's keys, the quota and the sub-window a batch counts in.
 #[derive(Clone)]
@@ -182,7 +177,7 @@ impl Inner {
             }
         };
         if let Some(answer) = joined {
-            return wait(answer, keys, deadline).await;
+            return wait(answer, keys, deadline, "hit").await;
         }
         let counter = Counter {
             keys: keys.clone(),
@@ -234,33 +229,8 @@ impl Inner {
                 tokio::spawn(async move { settle(&inner, &counter, read, batch).await });
             }
         }
-        wait(answer, keys, deadline).await
+        wait(answer, keys, deadline, "hit").await
     }
-}
-
-/// A hit's answer from the batch that took it, within its deadline.
-async fn wait(
-    answer: oneshot::Receiver<Result<Judged, MemcachedError>>,
-    keys: &Keys,
-    deadline: Deadline,
-) -> Result<Judged, MemcachedError> {
-    match tokio::time::timeout_at(deadline.at, answer).await {
-        Ok(Ok(judged)) => judged,
-        Ok(Err(_)) => Err(MemcachedError::Io {
-            server: keys.route().to_owned(),
-            message: "the hit was dropped".into(),
-        }),
-        Err(_) => Err(MemcachedError::Timeout(deadline.budget)),
-    }
-}
-
-/// Fails every hit; the answer of the caller's own hit, if it runs the batch.
-fn fail(hits: Batch, error: &MemcachedError) -> Option<Result<Judged, MemcachedError>> {
-    let mut own = None;
-    for hit in hits {
-        own = own.or(hit.answer(Err(error.clone())));
-    }
-    own
 }
 
 /// Reads the window, then judges `hits` on it.
@@ -284,19 +254,7 @@ async fn settle(
     read: Window,
     mut hits: Batch,
 ) -> Option<Result<Judged, MemcachedError>> {
-    let now = tokio::time::Instant::now();
-    let mut own = None;
-    // In place, in order (late hits are rare).
-    let mut i = 0;
-    while i < hits.len() {
-        if hits[i].deadline.at > now {
-            i += 1;
-            continue;
-        }
-        let hit = hits.remove(i);
-        let budget = hit.deadline.budget;
-        own = own.or(hit.answer(Err(MemcachedError::Timeout(budget))));
-    }
+    let mut own = take_late(&mut hits);
     let Some(deadline) = hits.iter().map(|h| h.deadline).max_by_key(|d| d.at) else {
         if let Some(counted) = read.counted {
             // Every hit is late, the one the read counted too: give it back.

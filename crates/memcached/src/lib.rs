@@ -124,6 +124,7 @@ mod leaf;
 mod lease;
 mod pool;
 mod protocol;
+mod reply;
 mod reservation;
 mod ring;
 mod stats;
