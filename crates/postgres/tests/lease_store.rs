@@ -33,8 +33,9 @@ async fn store(server: &PostgresServer) -> PostgresStore {
 async fn the_cleaner_deletes_an_abandoned_lease_once_it_expired() {
     let server = PostgresServer::start().expect("postgres");
     let store = store(&server).await;
-    let second = Span::new(1, Unit::Second).unwrap();
-    let leaf = Leaf::concurrent(2, Some(second)).unwrap();
+    // Three seconds: room for the steps below on a loaded machine before it expires.
+    let lease = Span::new(3, Unit::Second).unwrap();
+    let leaf = Leaf::concurrent(2, Some(lease)).unwrap();
     let quota = Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap();
     let rule = OneLeaf::new(quota);
     let ids = [Identifier::new("job:alice:concurrent".to_owned())];
@@ -47,10 +48,9 @@ async fn the_cleaner_deletes_an_abandoned_lease_once_it_expired() {
     let first = store.acquire(&rule.hit(&ids), 7).await.unwrap();
     assert!(first.allowed());
     assert_eq!(first.remaining, 1);
-    assert_eq!(lease_rows(&server), 1);
     // Not expired yet: a sweep keeps it.
     assert_eq!(store.clean_expired(1024).await.unwrap(), 0);
-    assert!(taken.elapsed() < Duration::from_secs(1), "too slow to tell");
+    assert!(taken.elapsed() < Duration::from_secs(3), "too slow to tell");
     assert_eq!(lease_rows(&server), 1);
     let deadline = taken + Duration::from_secs(10);
     loop {
@@ -65,7 +65,7 @@ async fn the_cleaner_deletes_an_abandoned_lease_once_it_expired() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await; // the pace of the sweeps
     }
-    assert!(taken.elapsed() >= Duration::from_millis(990));
+    assert!(taken.elapsed() >= Duration::from_millis(2_990));
     assert_eq!(lease_rows(&server), 0);
     assert_eq!(store.release(&keys, 7).await.unwrap(), Released::NotHeld);
 
@@ -73,8 +73,8 @@ async fn the_cleaner_deletes_an_abandoned_lease_once_it_expired() {
     // (the cleaner deletes it if none comes); releasing again says it is not held.
     assert!(store.acquire(&rule.hit(&ids), 8).await.unwrap().allowed());
     let left = store.renew(&keys, 8).await.unwrap().expect("held");
-    let one = Duration::from_secs(1);
-    assert!(left <= one && left > one / 2, "{left:?}");
+    let lease = Duration::from_secs(3);
+    assert!(left <= lease && left > lease / 2, "{left:?}");
     assert_eq!(store.release(&keys, 8).await.unwrap(), Released::Released);
     let row = server
         .psql("SELECT v::text, expires_at FROM sluice.counters WHERE id = 'job:alice:concurrent'");
