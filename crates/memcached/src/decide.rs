@@ -46,6 +46,7 @@ use sluice_core::{
     Algorithm, Decision, Denial, Penalty, PenaltyState, Recording, Shape, decide_verdicts,
 };
 use sluice_limiter::Hit;
+use smallvec::SmallVec;
 
 use crate::MemcachedError;
 use crate::cas::{Answer, Plan, update};
@@ -59,6 +60,10 @@ use crate::value::{Stored, decode, encode_penalty};
 
 /// Times here are nanoseconds: memcached holds our own numbers, not a clock of its own.
 const TICK_NS: u64 = 1;
+
+/// One item per leaf of a rule, inline for the usual few: a decision on memcached made four
+/// `Vec`s of them (keys, what is known, the judgements, the verdicts), an allocation each.
+type PerLeaf<T> = SmallVec<[T; 2]>;
 
 /// Whether the rule is reached, taking leaves not yet judged as `unknown_reached`.
 fn reached(shape: &Shape, known: &[Option<bool>], unknown_reached: bool) -> bool {
@@ -113,7 +118,7 @@ impl Inner {
         lease: Option<u64>,
     ) -> Result<(Decision, u64), MemcachedError> {
         let ev = &hit.evaluation;
-        let leaves: Vec<Keys> = hit.identifiers.iter().map(|id| Keys::new(id)).collect();
+        let leaves: PerLeaf<Keys> = hit.identifiers.iter().map(|id| Keys::new(id)).collect();
         let penalty = match (ev.penalty, hit.penalty_identifier) {
             (Some(config), Some(id)) => Some((config, Keys::new(id))),
             _ => None,
@@ -152,7 +157,7 @@ impl Inner {
             .take_in_turn(hit, &leaves, now, deadline, lease)
             .await?;
         let mut judged = judged;
-        let verdicts: Vec<_> = judged.iter().map(|j| j.verdict).collect();
+        let verdicts: PerLeaf<_> = judged.iter().map(|j| j.verdict).collect();
         let mut decision = decide_verdicts(ev.shape, &verdicts, TICK_NS);
         // The decision is made; what follows settles the counters, on a deadline of its own.
         let deadline = Deadline::after(self.timeout);
@@ -228,11 +233,11 @@ impl Inner {
         now: u64,
         deadline: Deadline,
         lease: Option<u64>,
-    ) -> Result<Vec<Judged>, MemcachedError> {
+    ) -> Result<PerLeaf<Judged>, MemcachedError> {
         let ev = &hit.evaluation;
         let counting = ev.recording != Recording::Never && ev.cost > 0;
-        let mut known: Vec<Option<bool>> = vec![None; leaves.len()];
-        let mut judged: Vec<Judged> = Vec::with_capacity(leaves.len());
+        let mut known: PerLeaf<Option<bool>> = smallvec::smallvec![None; leaves.len()];
+        let mut judged: PerLeaf<Judged> = PerLeaf::with_capacity(leaves.len());
         for (i, keys) in leaves.iter().enumerate() {
             let mode = if !counting || reached(ev.shape, &known, false) {
                 Mode::Peek
