@@ -334,6 +334,21 @@ mod tests {
 
     use crate::{Limiter, ManualClock, MemoryStore, Policy, Released};
 
+    /// A limiter on `store` with two policies sharing `leaf`'s counters (key `jobs`): `one`
+    /// is the leaf alone, `two` the leaf and `rate`, a compound rule.
+    fn one_leaf_and_compound(store: &MemoryStore, leaf: &str, rate: &str) -> Arc<Limiter> {
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("one", leaf).unwrap().key("jobs"))
+            .policy(
+                Policy::new("two", &format!("{leaf}; {rate}"))
+                    .unwrap()
+                    .key("jobs"),
+            )
+            .build()
+            .unwrap();
+        Arc::new(limiter)
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .build()
@@ -384,17 +399,7 @@ mod tests {
     #[test]
     fn sweeps_racing_handles_never_admit_more_than_the_limit() {
         let store = MemoryStore::new();
-        let limiter = Arc::new(
-            Limiter::builder(store.clone())
-                .policy(Policy::new("one", "x:1 concurrent").unwrap().key("jobs"))
-                .policy(
-                    Policy::new("two", "x:1 concurrent; x:1000000000/s")
-                        .unwrap()
-                        .key("jobs"),
-                )
-                .build()
-                .unwrap(),
-        );
+        let limiter = one_leaf_and_compound(&store, "x:1 concurrent", "x:1000000000/s");
         let x = &[("x", "a")];
         let (holding, most, admitted, working) = (
             Arc::new(AtomicUsize::new(0)),
@@ -487,17 +492,7 @@ mod tests {
     /// exclusive lock): both paths see one set, and never more than 3 are held.
     #[test]
     fn one_leaf_and_compound_acquires_share_one_exact_set() {
-        let limiter = Arc::new(
-            Limiter::builder(MemoryStore::new())
-                .policy(Policy::new("one", "x:3 concurrent").unwrap().key("jobs"))
-                .policy(
-                    Policy::new("two", "x:3 concurrent; x:1000000/s")
-                        .unwrap()
-                        .key("jobs"),
-                )
-                .build()
-                .unwrap(),
-        );
+        let limiter = one_leaf_and_compound(&MemoryStore::new(), "x:3 concurrent", "x:1000000/s");
         let x = &[("x", "a")];
         runtime().block_on(async {
             let held: Vec<_> = [
