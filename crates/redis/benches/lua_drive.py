@@ -69,22 +69,32 @@ else:
     held, next_id = [], [1]
 
     def call():
-        # One quota set: 64 slots, leases of 60 s in microseconds; acquire is kind 1 of set
-        # 1 (1 + 4 * 1); release kind 0, the release of a lease its holder knows unexpired,
-        # as a `Lease` held for less than its lease time sends it (kind 2 asks the lease's
-        # expiry first).
-        keys, args, taken = [], [1, 64, 60_000_000], []
+        # One quota set: 64 slots, leases of 60 s in microseconds; each set's key once, and
+        # the steps packed as the store packs them (src/lease_batch.rs): kind, quota set,
+        # the key's place in KEYS, the id's length, then the id. An acquire is kind 1 of set
+        # 1; a release kind 0, the release of a lease its holder knows unexpired, as a
+        # `Lease` held for less than its lease time sends it (kind 2 asks the lease's expiry
+        # first), set 0.
+        keys, places, steps, taken = [], {}, b"", []
+        release_kind = int(os.environ.get("SLUICE_BENCH_RELEASE_KIND", "0"))
+
+        def step(kind, set_number, set_key, lease):
+            nonlocal steps
+            if set_key not in places:
+                keys.append(set_key)
+                places[set_key] = len(keys)
+            digits = str(lease).encode()
+            steps += bytes([kind, set_number, places[set_key], len(digits)]) + digits
+
         for i in range(8):
             set_key, lease = key(many, "bench:lease"), next_id[0]
             next_id[0] += 1
-            keys.append(set_key)
-            args += [5, lease]
+            step(1, 1, set_key, lease)
             taken.append((set_key, lease))
             if held:
-                keys.append(held[i][0])
-                args += [int(os.environ.get('SLUICE_BENCH_RELEASE_KIND', '0')), held[i][1]]
+                step(release_kind, 0, *held[i])
         held[:] = taken
-        return client.evalsha(sha, len(keys), *keys, *args)
+        return client.evalsha(sha, len(keys), *keys, 1, 64, 60_000_000, steps)
 
 
 for _ in range(50):

@@ -20,6 +20,7 @@
 //! 1.9 on 1,000,000 sets once a release its holder knows unexpired
 //! ([`LeaseStep::ReleaseUnexpired`]) skipped asking the lease's expiry.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use sluice_core::Decision;
@@ -59,12 +60,27 @@ pub enum LeaseAnswer {
     Renewed(Option<u64>),
 }
 
-/// ARGV for [`LEASE_BATCH`] taking `steps` (each with its lease id) in order: the distinct
-/// quota sets, then two numbers per step (kind + 4 * set, lease id).
-pub fn lease_batch_arguments(steps: impl IntoIterator<Item = (LeaseStep, u64)>) -> Vec<u64> {
+/// KEYS and ARGV for one call of [`LEASE_BATCH`] taking `steps` (each a lease set's key, a
+/// step and its lease id) in order. KEYS names each lease set once, however many steps it
+/// has. ARGV is the number of distinct quota sets S, S pairs (limit, lease time), then
+/// every step packed in one string: four bytes (kind: 1 acquire, 2 release, 0 release of a
+/// lease its holder knows unexpired, 3 renew; its quota set from 1, 0 for a release; its
+/// key's place in KEYS from 1; the id's length) and the lease id in decimal. One string
+/// rather than two arguments a step: Redis makes a string and a Lua table slot of every
+/// argument, and on a busy set that was more than a tenth of a step's cost
+/// (`benches/lua_instructions.sh`). More than 255 keys or quota sets in one call (the store
+/// sends at most 64 steps) is an error.
+pub fn lease_batch_call<'a>(
+    steps: impl IntoIterator<Item = (&'a str, LeaseStep, u64)>,
+) -> Result<(Vec<&'a str>, Vec<Vec<u8>>), RedisError> {
+    let mut keys: Vec<&str> = Vec::new();
+    let mut places: HashMap<&str, u8> = HashMap::new();
     let mut sets: Vec<(u64, u64)> = Vec::new();
-    let mut per_step = Vec::new();
-    for (step, id) in steps {
+    let mut packed = Vec::new();
+    let too_many = |what: &str| {
+        RedisError::Unsupported(format!("more than 255 {what} in one batch of lease steps"))
+    };
+    for (key, step, id) in steps {
         let (kind, set) = match step {
             LeaseStep::Acquire { limit, lease } => (1, Some((limit, lease))),
             LeaseStep::Release => (2, None),
@@ -80,7 +96,7 @@ pub fn lease_batch_arguments(steps: impl IntoIterator<Item = (LeaseStep, u64)>) 
                 ),
             ),
         };
-        let number = match set {
+        let set = match set {
             None => 0,
             Some(set) => match sets.iter().position(|s| *s == set) {
                 Some(i) => i + 1,
@@ -90,13 +106,30 @@ pub fn lease_batch_arguments(steps: impl IntoIterator<Item = (LeaseStep, u64)>) 
                 }
             },
         };
-        per_step.extend([kind + 4 * number as u64, id]);
+        let set = u8::try_from(set).map_err(|_| too_many("quota sets"))?;
+        let place = match places.get(key) {
+            Some(place) => *place,
+            None => {
+                keys.push(key);
+                let place = u8::try_from(keys.len()).map_err(|_| too_many("lease sets"))?;
+                places.insert(key, place);
+                place
+            }
+        };
+        let mut digits = itoa::Buffer::new();
+        let id = digits.format(id).as_bytes();
+        // A u64 has at most 20 digits.
+        packed.extend_from_slice(&[kind, set, place, id.len() as u8]);
+        packed.extend_from_slice(id);
     }
-    let mut args = Vec::with_capacity(1 + sets.len() * 2 + per_step.len());
-    args.push(sets.len() as u64);
-    args.extend(sets.into_iter().flat_map(|(limit, lease)| [limit, lease]));
-    args.extend(per_step);
-    args
+    let mut args = Vec::with_capacity(2 + sets.len() * 2);
+    args.push(sets.len().to_string().into_bytes());
+    for (limit, lease) in sets {
+        args.push(limit.to_string().into_bytes());
+        args.push(lease.to_string().into_bytes());
+    }
+    args.push(packed);
+    Ok((keys, args))
 }
 
 /// Reads [`LEASE_BATCH`]'s flat reply to `steps`: each step's answer, in order. A reply of
@@ -215,11 +248,16 @@ impl Batched for LeasePending {
 /// Counts the leases found expired (dropped by an acquire, or released after expiring) here,
 /// where Redis's answer arrives, so a step whose caller stopped waiting counts too.
 async fn send(store: &RedisStore, batch: Vec<LeasePending>) {
-    let keys: Vec<&str> = batch.iter().map(|pending| pending.key.as_str()).collect();
     let steps: Vec<LeaseStep> = batch.iter().map(|pending| pending.step).collect();
-    let arguments = lease_batch_arguments(batch.iter().map(|p| (p.step, p.id)));
-    let result: Result<Vec<i64>, RedisError> = store.eval(&LEASE_BATCH, &keys, &arguments).await;
-    let answers = result.and_then(|reply| lease_batch_answers(&steps, &reply));
+    let call = lease_batch_call(batch.iter().map(|p| (p.key.as_str(), p.step, p.id)));
+    let answers = match call {
+        Ok((keys, arguments)) => {
+            let result: Result<Vec<i64>, RedisError> =
+                store.eval(&LEASE_BATCH, &keys, &arguments).await;
+            result.and_then(|reply| lease_batch_answers(&steps, &reply))
+        }
+        Err(e) => Err(e),
+    };
     match answers {
         Ok(answers) => {
             let expired: u64 = answers
@@ -275,5 +313,66 @@ impl RedisStore {
         if expired > 0 {
             self.expired_counter().fetch_add(expired, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LeaseStep, lease_batch_call};
+
+    /// Each key once, in the order first named; quota sets shared by equal limits and lease
+    /// times (a renew takes any set of its lease time); every step's four bytes and id.
+    #[test]
+    fn a_call_names_each_key_once_and_packs_every_step() {
+        let acquire = LeaseStep::Acquire {
+            limit: 3,
+            lease: 60,
+        };
+        let (keys, args) = lease_batch_call([
+            ("a", acquire, 7),
+            (
+                "b",
+                LeaseStep::Acquire {
+                    limit: 5,
+                    lease: 60,
+                },
+                1234,
+            ),
+            ("a", LeaseStep::ReleaseUnexpired, 7),
+            ("b", LeaseStep::Release, 18_446_744_073_709_551_615),
+            ("a", LeaseStep::Renew { lease: 60 }, 7),
+            ("c", acquire, 0),
+        ])
+        .unwrap();
+        assert_eq!(keys, ["a", "b", "c"]);
+        let mut steps = vec![1, 1, 1, 1, b'7', 1, 2, 2, 4];
+        steps.extend(b"1234");
+        steps.extend([0, 0, 1, 1, b'7', 2, 0, 2, 20]);
+        steps.extend(b"18446744073709551615");
+        steps.extend([3, 1, 1, 1, b'7', 1, 1, 3, 1, b'0']);
+        let want: Vec<Vec<u8>> = vec![
+            b"2".to_vec(),
+            b"3".to_vec(),
+            b"60".to_vec(),
+            b"5".to_vec(),
+            b"60".to_vec(),
+            steps,
+        ];
+        assert_eq!(args, want);
+    }
+
+    /// A key's place is one byte: a 256th key is refused, not wrapped onto the first.
+    #[test]
+    fn more_than_255_keys_is_an_error() {
+        let names: Vec<String> = (0..256).map(|i| format!("k{i}")).collect();
+        let steps = |n: usize| {
+            names[..n]
+                .iter()
+                .map(|name| (name.as_str(), LeaseStep::Release, 1))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lease_batch_call(steps(255)).unwrap().0.len(), 255);
+        let error = lease_batch_call(steps(256)).unwrap_err();
+        assert!(error.to_string().contains("more than 255"), "{error}");
     }
 }

@@ -215,7 +215,7 @@ pub const LEASE_BATCH_LUA: &str = concat!(
     include_str!("lua/lease_batch.lua")
 );
 
-pub use crate::lease_batch::{LeaseAnswer, LeaseStep, lease_batch_answers, lease_batch_arguments};
+pub use crate::lease_batch::{LeaseAnswer, LeaseStep, lease_batch_answers, lease_batch_call};
 
 /// The script's number for `algorithm`. An algorithm the script does not know is an error,
 /// never another algorithm's decision.

@@ -12,8 +12,7 @@ use std::collections::BTreeMap;
 use sluice_core::algorithm::concurrency::{self, Leases, Released};
 use sluice_core::{Algorithm, Decision, Leaf, Quota, Span, Unit};
 use sluice_redis::script::{
-    LEASE_BATCH_LUA, LeaseAnswer, LeaseStep, TICK_NS, lease_batch_answers, lease_batch_arguments,
-    micro,
+    LEASE_BATCH_LUA, LeaseAnswer, LeaseStep, TICK_NS, lease_batch_answers, lease_batch_call, micro,
 };
 use sluice_testkit::RedisServer;
 
@@ -221,10 +220,14 @@ impl Replay {
     fn run(&mut self, sets: &mut [Set], now: i64, batch: &Batch) -> Vec<String> {
         let batch = &as_holders_send(sets, now, batch);
         pass_time(&mut self.con, sets, now);
-        let keys: Vec<&str> = batch.iter().map(|&(s, ..)| sets[s].key.as_str()).collect();
         let steps: Vec<LeaseStep> = batch.iter().map(|&(_, _, step, _)| step).collect();
-        let mut args = lease_batch_arguments(batch.iter().map(|&(_, _, step, id)| (step, id)));
-        args.push(now as u64);
+        let (keys, mut args) = lease_batch_call(
+            batch
+                .iter()
+                .map(|&(s, _, step, id)| (sets[s].key.as_str(), step, id)),
+        )
+        .unwrap();
+        args.push(now.to_string().into_bytes());
         let reply: Vec<i64> = redis::cmd("EVAL")
             .arg(&self.entry)
             .arg(keys.len())

@@ -11,7 +11,7 @@ use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Recording, Shape, Span, Un
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
     LEASE_BATCH_LUA, LEASES_LUA, LeaseAnswer, LeaseStep, TICK_NS, arguments, decision,
-    lease_batch_answers, lease_batch_arguments,
+    lease_batch_answers, lease_batch_call,
 };
 use sluice_testkit::RedisServer;
 
@@ -43,7 +43,7 @@ fn call(
     lib: &str,
     entry: &str,
     key: &str,
-    args: &[String],
+    args: &[impl redis::ToRedisArgs],
     now: i64,
 ) -> Value {
     redis::cmd("EVAL")
@@ -69,15 +69,8 @@ fn call_batched(
     id: i64,
     now: i64,
 ) -> LeaseAnswer {
-    let args = lease_batch_arguments([(step, id as u64)]);
-    let reply = ints(&call(
-        con,
-        &batch_entry(),
-        "",
-        key,
-        &args.iter().map(u64::to_string).collect::<Vec<_>>(),
-        now,
-    ));
+    let (_, args) = lease_batch_call([(key, step, id as u64)]).unwrap();
+    let reply = ints(&call(con, &batch_entry(), "", key, &args, now));
     let mut answers = lease_batch_answers(&[step], &reply).unwrap_or_else(|e| panic!("{e}"));
     answers.pop().expect("one answer")
 }

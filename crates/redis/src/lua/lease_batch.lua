@@ -14,10 +14,11 @@
 -- What a call has learnt of a key spares asking Redis again (`known` below): a busy lease
 -- set gets most of a batch's steps, and each then costs about one write.
 --
--- KEYS: one per step, the lease set's key. ARGV: the number of quota sets S, then S pairs
--- (limit, lease time in ticks), then two per step in KEYS' order: kind + 4 * set (kind 1
--- acquire, 2 release, 3 renew, 0 release of a lease its holder knows unexpired; set from
--- 1, 0 for a release) and the lease id.
+-- KEYS: the lease sets' keys, each once. ARGV: the number of quota sets S, then S pairs
+-- (limit, lease time in ticks), then the steps packed in one string (src/lease_batch.rs),
+-- each four bytes and the lease id in decimal: kind (1 acquire, 2 release, 3 renew, 0
+-- release of a lease its holder knows unexpired), quota set (from 1, 0 for a release), the
+-- key's place in KEYS (from 1) and the id's length.
 -- Reply: the steps' answers one after the other, in one flat array of integers:
 --   acquire: remaining (>= 0), when admitted with reset_after = the lease time and no
 --            expired lease dropped; else -1, then code (0 admitted, 1 denied until `retry`,
@@ -235,30 +236,28 @@ local limits, leases = {}, {}
 for s = 1, sets do
   limits[s], leases[s] = tonumber(ARGV[s * 2]), tonumber(ARGV[s * 2 + 1])
 end
-local first = 1 + sets * 2
--- The steps' kinds and sets, by their argument: most steps of a call share a few, and a
--- table lookup costs less than a number read from a string.
-local ops = {}
-for i = 1, #KEYS do
-  local arg, id = ARGV[first + 2 * i - 1], ARGV[first + 2 * i]
-  local op = ops[arg]
-  if not op then
-    local number = tonumber(arg)
-    op = { number % 4, (number - number % 4) / 4 }
-    ops[arg] = op
-  end
-  local kind, set = op[1], op[2]
+-- The steps, read from their packed string: Redis makes a string and a table slot of every
+-- argument, which cost more than reading four bytes and cutting the id out here.
+local steps, byte, sub = ARGV[2 + sets * 2], string.byte, string.sub
+local pos, size = 1, #steps
+while pos <= size do
+  local kind, set, place, length = byte(steps, pos, pos + 3)
+  local id = sub(steps, pos + 4, pos + 3 + length)
+  pos = pos + 4 + length
+  local key = KEYS[place]
   if kind == 1 then
-    acquire(KEYS[i], limits[set], leases[set], id)
+    acquire(key, limits[set], leases[set], id)
   elseif kind == 0 then
     n = n + 1
-    out[n] = release_unexpired(KEYS[i], id)
+    out[n] = release_unexpired(key, id)
   elseif kind == 2 then
     n = n + 1
-    out[n] = release(KEYS[i], id)
-  else
+    out[n] = release(key, id)
+  elseif kind == 3 then
     n = n + 1
-    out[n] = renew(KEYS[i], leases[set], id)
+    out[n] = renew(key, leases[set], id)
+  else
+    return redis.error_reply('lease step of unknown kind ' .. kind)
   end
 end
 return out
