@@ -18,7 +18,9 @@
 //! In instructions (`benches/lua_instructions.sh`, callgrind on redis-server) a pair costs
 //! 5.0 rate checks on one set and 2.3 on 1,000,000 sets (the rate check got cheaper too);
 //! 1.9 on 1,000,000 sets once a release its holder knows unexpired
-//! ([`LeaseStep::ReleaseUnexpired`]) skipped asking the lease's expiry.
+//! ([`LeaseStep::ReleaseUnexpired`]) skipped asking the lease's expiry. Naming each set's
+//! key once and packing the steps in one argument ([`lease_batch_call`]) then took a step
+//! from 24,394 to 21,475 instructions on one set and from 27,716 to 26,212 on 1,000,000.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

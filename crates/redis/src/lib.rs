@@ -61,7 +61,8 @@
 //!   writes (the shared vectors and a step-by-step comparison with the core check it). A
 //!   lone step goes at once; a call that fails fails every step in it. What a call learns
 //!   of a busy set (its size, its latest lease, that its expired leases are gone) spares
-//!   asking Redis again, so a step there costs about one write.
+//!   asking Redis again, so a step there costs about one write. A call names each set's
+//!   key once and packs its steps in one argument.
 //! - [`RedisStore::leases_expired`] counts the leases that expired unreleased: dropped by a
 //!   batched acquire, or found expired by a release. A set whose every lease expired is
 //!   deleted by Redis with its key's expiry, and those leases are not counted.
