@@ -28,7 +28,7 @@
 --   renew:   the time left on the renewed lease, or -1 when it is not held
 
 -- The library functions as locals, as in gcra_batch.lua: a global lookup per use costs.
-local max, floor, format, huge = math.max, math.floor, string.format, math.huge
+local max, format, huge = math.max, string.format, math.huge
 local now_s = format('%d', now)
 local out, n = {}, 0
 
@@ -45,9 +45,14 @@ local out, n = {}, 0
 -- Every write below keeps these true.
 local known = {}
 
--- The key lives as long as its latest lease (`expires_at`).
+-- The key lives as long as its latest lease (`expires_at`): max(floor((expires_at - now +
+-- 999) / 1000), 1) milliseconds, in arithmetic rather than calls into C (see gcra_batch.lua
+-- for why, and for why the remainder is exact).
 local function expire(key, expires_at)
-  redis.call('PEXPIRE', key, decimal(max(floor((expires_at - now + 999) / 1000), 1)))
+  local left = expires_at - now + 999
+  local ms = (left - left % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, decimal(ms))
 end
 
 -- Leases::expires_at: when every lease kept has expired (0 when none is kept).
@@ -166,8 +171,9 @@ local function acquire(key, limit, lease, id)
       wrote(k, id, at, nil)
       if at > latest then expire(key, at) end
       -- concurrency::verdict of cost 1 with a slot free: admitted, reset after the later
-      -- of the set's latest lease and this one.
-      local reset = max(latest - now, lease)
+      -- of the set's latest lease and this one (max, without a call into C).
+      local reset = latest - now
+      if reset < lease then reset = lease end
       if reset == lease and dropped == 0 then
         n = n + 1
         out[n] = limit - held - 1
