@@ -9,6 +9,13 @@
 # repository), the same counts for its native CL.THROTTLE, 16 commands pipelined per call:
 # the Redis CPU issue 12 compares the store with, in instructions.
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
+#
+# For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
+# SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
+# measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
+# runs another server, e.g. one built from Redis's sources with `make` (outside this
+# repository), whose symbols name Lua's own functions in the profile. Figures quoted in the
+# README come from the system's redis-server.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -17,8 +24,14 @@ command -v redis-server >/dev/null || "$root/scripts/apt-install.sh" redis-serve
 command -v redis-cli >/dev/null || "$root/scripts/apt-install.sh" redis-tools
 python3 -c 'import redis' 2>/dev/null || python3 -m pip install --quiet redis
 calls=${1:-2000}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+server=${SLUICE_BENCH_REDIS_SERVER:-redis-server}
+if [[ -n ${SLUICE_BENCH_KEEP:-} ]]; then
+  mkdir -p "$SLUICE_BENCH_KEEP"
+  work=$(cd "$SLUICE_BENCH_KEEP" && pwd)
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 measure() {
@@ -27,7 +40,7 @@ measure() {
   [[ $scenario == cell-* ]] && module=(--loadmodule "$SLUICE_BENCH_REDIS_CELL")
   rm -f "$work"/ready "$work"/go "$work"/done
   valgrind --tool=callgrind --callgrind-out-file="$work/out.$scenario" \
-    redis-server --port "$port" --save "" --appendonly no "${module[@]}" >"$work/log.$scenario" 2>&1 &
+    "$server" --port "$port" --save "" --appendonly no "${module[@]}" >"$work/log.$scenario" 2>&1 &
   pid=$!
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
   python3 "$here/lua_drive.py" "$port" "$scenario" "$calls" "$work" &
@@ -49,7 +62,7 @@ measure() {
 
 printf '%-12s %s\n' scenario 'instructions per step'
 declare -A per
-for scenario in rate-1 lease-1 rate-many lease-many; do
+for scenario in ${SLUICE_BENCH_SCENARIOS:-rate-1 lease-1 rate-many lease-many}; do
   per[$scenario]=$(measure "$scenario")
   printf '%-12s %s\n' "$scenario" "${per[$scenario]}"
 done
@@ -60,8 +73,11 @@ if [[ -n ${SLUICE_BENCH_REDIS_CELL:-} ]]; then
   done
 fi
 for keys in 1 many; do
-  python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
-    "${per[rate-$keys]}" "${per[lease-$keys]}"
+  [[ -n ${per[rate-$keys]:-} ]] || continue
+  if [[ -n ${per[lease-$keys]:-} ]]; then
+    python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
+      "${per[rate-$keys]}" "${per[lease-$keys]}"
+  fi
   if [[ -n ${per[cell-$keys]:-} ]]; then
     python3 -c "import sys; r, c = int(sys.argv[1]), int(sys.argv[2]); print(f'a rate check on $keys key(s) costs {r / c:.2f} CL.THROTTLE')" \
       "${per[rate-$keys]}" "${per[cell-$keys]}"
