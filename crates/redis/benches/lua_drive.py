@@ -12,6 +12,13 @@ waits for DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scena
   cell-1     16 redis-cell CL.THROTTLE commands per call, pipelined, on one key (the
              server must have loaded redis-cell)
   cell-many  the same, each on a random one of 1,000,000 keys
+  full-fixed-1    16 fixed-window decisions per call through the whole decision script, as
+                  the store runs every rule but the lean shapes: a Redis Function (FCALL,
+                  the library loaded once as src/script.rs assembles it), one decision per
+                  FCALL, 16 pipelined; on one key
+  full-fixed-many the same, each on a random one of 1,000,000 keys
+  full-gcra-many  single-leaf GCRA through the whole script, 1,000,000 keys (what the
+                  lean script spares)
 """
 
 import os
@@ -46,6 +53,38 @@ if scenario.startswith("cell"):
     def call():
         for _ in range(16):
             pipe.execute_command("CL.THROTTLE", key(many, "bench:cell"), 1_000_000, 1_000_000, 1)
+        return pipe.execute()
+
+elif scenario.startswith("full"):
+    # The library as src/script.rs's LIBRARY assembles it, with the decision entry alone.
+    body = ""
+    for part in ["algorithms.lua", "leases.lua", "reservations.lua"]:
+        with open(os.path.join(lua, part)) as f:
+            body += f.read()
+    with open(os.path.join(lua, "decide.lua")) as f:
+        entry = f.read()
+    client.function_load(
+        "#!lua name=sluice_bench\nlocal KEYS, ARGV\n" + body
+        + "\nredis.register_function('sluice_bench_decide', function(keys, args)\n"
+        + "KEYS, ARGV = keys, args\n" + entry + "\nend)\n",
+        replace=True,
+    )
+    many = scenario.endswith("-many")
+    # As src/script.rs's `arguments` sends one leaf: cost 1, recording admitted, shape
+    # "l0 ", a token, one quota (algorithm: 1 GCRA, 4 fixed window; limit; window; interval;
+    # burst; sub-windows), counted in microseconds; every decision admitted and written.
+    algorithm = 1 if "gcra" in scenario else 4
+    quota = [algorithm, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
+    pipe = client.pipeline(transaction=False)
+    token = [0]
+
+    def call():
+        for _ in range(16):
+            token[0] += 1
+            pipe.execute_command(
+                "FCALL", "sluice_bench_decide", 1, key(many, "bench:full"),
+                1, 0, "l0 ", format(token[0], "x"), 1, *quota,
+            )
         return pipe.execute()
 
 elif scenario.startswith("rate"):

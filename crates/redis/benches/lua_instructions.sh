@@ -10,6 +10,9 @@
 # the Redis CPU issue 12 compares the store with, in instructions.
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
 #
+# SLUICE_BENCH_SCENARIOS="full-fixed-1 full-fixed-many full-gcra-many" counts the whole
+# decision script instead (a Redis Function, one decision per FCALL): what every rule but
+# the lean shapes costs, fixed windows among them (see lua_drive.py).
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
