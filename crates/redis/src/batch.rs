@@ -1,6 +1,7 @@
 //! Batching: lean GCRA decisions waiting for the same connection go to Redis as one call of
-//! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer); the
-//! single-leaf lease steps go the same way in their own queue (`src/lease_batch.rs`).
+//! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer); lean
+//! fixed-window hits (`src/fixed_batch.rs`) and single-leaf lease steps
+//! (`src/lease_batch.rs`) go the same way, each kind in its own queue.
 //!
 //! There is no timer. A hit that finds nothing waiting and a call slot free is sent at once,
 //! alone, by its caller's own task (no hop through another task, so a lone decision waits

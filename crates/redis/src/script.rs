@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::sync::LazyLock;
 
 use sluice_core::decision::ticks;
-use sluice_core::{Algorithm, Decision, Denial, Quota, Recording, Retry, Shape};
+use sluice_core::{Algorithm, Decision, Denial, Quota, Recording, Retry, Shape, State};
 use sluice_limiter::Hit;
 
 use crate::RedisError;
@@ -198,6 +198,19 @@ pub const GCRA_BATCH_LUA: &str = concat!(
     include_str!("lua/gcra_batch.lua")
 );
 
+/// The lean script for one fixed-window leaf without a penalty, deciding a batch of such
+/// hits in order, as [`GCRA_BATCH`] does for GCRA: the writes of [`DECIDE`] for that shape,
+/// and two integers per hit for reply (see [`LeanFixed`]).
+pub static FIXED_BATCH: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/redis_now.lua"),
+        include_str!("lua/fixed_batch.lua")
+    ))
+});
+
+/// The lean fixed-window script's body alone, for test entry points that define `now`.
+pub const FIXED_BATCH_LUA: &str = include_str!("lua/fixed_batch.lua");
+
 /// The lean script for the lease steps of rules of one concurrency leaf (acquire, release,
 /// renew), taking a batch of them in order, each as its single-step entry would: see
 /// `src/lease_batch.rs`.
@@ -319,11 +332,85 @@ impl LeanGcra {
     }
 }
 
+/// A hit of the lean fixed-window script's shape (one leaf, fixed window, no penalty): its
+/// ARGV for [`FIXED_BATCH`], and its decision from the script's two-integer reply.
+#[derive(Debug, Clone, Copy)]
+pub struct LeanFixed {
+    /// The quota counted in microseconds.
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl LeanFixed {
+    /// `Some` when `hit` has the lean fixed-window shape; `None` sends it elsewhere.
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanFixed>, RedisError> {
+        let ev = &hit.evaluation;
+        let ([quota], [_], Shape::Leaf(0), None) =
+            (ev.quotas, hit.identifiers, ev.shape, ev.penalty)
+        else {
+            return Ok(None);
+        };
+        if quota.algorithm() != Algorithm::FixedWindow {
+            return Ok(None);
+        }
+        Ok(Some(LeanFixed {
+            quota: micro(quota)?,
+            cost: ev.cost,
+            recording: ev.recording,
+        }))
+    }
+
+    /// The hit's four arguments: cost, recording, limit, window length (microseconds).
+    pub fn arguments(&self) -> [u64; 4] {
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            self.quota.limit(),
+            self.quota.window_ticks(),
+        ]
+    }
+
+    /// The decision from the hit's reply: the count its window held before it (`used`) and
+    /// the time to the window's end (`left`, in `(0, length]`). The core's fixed window
+    /// depends on the time only through that, so it decides at `length - left` in window 0
+    /// as the full script does at `now`; a denial counted anyway (recording `always`)
+    /// answers with the recorded state's verdict, as there.
+    pub fn decision(&self, used: i64, left: i64) -> Result<Decision, RedisError> {
+        let (q, cost) = (&self.quota, self.cost);
+        let length = q.window_ticks();
+        let (used, left) = match (u64::try_from(used), u64::try_from(left)) {
+            (Ok(used), Ok(left)) if left > 0 && left <= length => (used, left),
+            _ => {
+                return Err(RedisError::Reply(format!(
+                    "fixed window reply {used}, {left} for a window of {length}"
+                )));
+            }
+        };
+        let now = length - left;
+        let mut state = State::FixedWindow {
+            window: 0,
+            count: used,
+        };
+        let mut verdict = q.verdict(&state, now, cost);
+        if !verdict.allowed && verdict.retry != Retry::Never && recording_code(self.recording) == 1
+        {
+            q.record(&mut state, now, cost);
+            let after = q.verdict(&state, now, cost);
+            if !after.allowed {
+                verdict = after;
+            }
+        }
+        Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
+    }
+}
+
 /// ARGV for [`GCRA_BATCH`] deciding hits of these arguments ([`LeanGcra::arguments`]) in
-/// order: the distinct sets, then each hit's set number, left out when there is one set
-/// (Redis then parses and the script reads one argument a hit fewer).
-pub fn batch_arguments(hits: impl IntoIterator<Item = [u64; 5]>) -> Vec<u64> {
-    let mut sets: Vec<[u64; 5]> = Vec::new();
+/// order, or for [`FIXED_BATCH`] ([`LeanFixed::arguments`]): the distinct sets, then each
+/// hit's set number, left out when there is one set (Redis then parses and the script reads
+/// one argument a hit fewer).
+pub fn batch_arguments<const N: usize>(hits: impl IntoIterator<Item = [u64; N]>) -> Vec<u64> {
+    let mut sets: Vec<[u64; N]> = Vec::new();
     let mut numbers = Vec::new();
     for hit in hits {
         let number = match sets.iter().position(|set| *set == hit) {
@@ -335,7 +422,7 @@ pub fn batch_arguments(hits: impl IntoIterator<Item = [u64; 5]>) -> Vec<u64> {
         };
         numbers.push(number as u64 + 1);
     }
-    let mut args = Vec::with_capacity(1 + sets.len() * 5 + numbers.len());
+    let mut args = Vec::with_capacity(1 + sets.len() * N + numbers.len());
     args.push(sets.len() as u64);
     let one = sets.len() == 1;
     args.extend(sets.into_iter().flatten());

@@ -14,8 +14,9 @@ use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
 use crate::batch::{Batcher, Pending, gone};
+use crate::fixed_batch::FixedPending;
 use crate::lease_batch::LeasePending;
-use crate::script::{DECIDE, LIBRARY, LeanGcra, Lua, arguments, decision};
+use crate::script::{DECIDE, LIBRARY, LeanFixed, LeanGcra, Lua, arguments, decision};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
@@ -67,6 +68,8 @@ pub(crate) struct Inner {
     connection: Connection,
     /// The queue of lean GCRA hits, sent in batches.
     batcher: Batcher,
+    /// The queue of lean fixed-window hits, sent in batches.
+    fixed_batcher: Batcher<FixedPending>,
     /// The queue of single-leaf lease steps, sent in batches.
     lease_batcher: Batcher<LeasePending>,
     /// Leases found expired instead of released (see [`RedisStore::leases_expired`]).
@@ -179,6 +182,7 @@ impl RedisStoreBuilder {
             inner: Arc::new_cyclic(|store| Inner {
                 connection,
                 batcher: Batcher::start(store.clone(), cluster),
+                fixed_batcher: Batcher::start(store.clone(), cluster),
                 lease_batcher: Batcher::start(store.clone(), cluster),
                 leases_expired: AtomicU64::new(0),
                 timeout: self.timeout,
@@ -461,6 +465,9 @@ impl RedisStore {
         if let Some(lean) = LeanGcra::of(hit)? {
             return self.decide_lean(hit, lean).await;
         }
+        if let Some(lean) = LeanFixed::of(hit)? {
+            return self.decide_fixed(hit, lean).await;
+        }
         let keys: Vec<String> = hit
             .identifiers
             .iter()
@@ -492,6 +499,28 @@ impl RedisStore {
         )?;
         let debt = self.await_batched(alone, answer).await?;
         lean.decision(debt)
+    }
+
+    /// Queues a lean fixed-window hit for the next batch and waits, within the store's
+    /// timeout, for its two integers, which the core's fixed window turns into the decision.
+    async fn decide_fixed(&self, hit: &Hit<'_>, lean: LeanFixed) -> Result<Decision, RedisError> {
+        let identifier = &hit.identifiers[0];
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let alone = self.inner.fixed_batcher.submit(
+            self,
+            FixedPending {
+                key: key(identifier),
+                arguments: lean.arguments(),
+                slot: if self.is_cluster() {
+                    slot_of(identifier)
+                } else {
+                    0
+                },
+                reply,
+            },
+        )?;
+        let (used, left) = self.await_batched(alone, answer).await?;
+        lean.decision(used, left)
     }
 
     /// Waits, within the store's timeout, for the answer of a step submitted for a batch,

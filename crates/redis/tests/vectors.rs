@@ -16,7 +16,8 @@ use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
-    ALGORITHMS_LUA, GCRA_BATCH_LUA, LeanGcra, TICK_NS, arguments, batch_arguments,
+    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LeanFixed, LeanGcra, TICK_NS, arguments,
+    batch_arguments,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -41,6 +42,16 @@ enum Script {
     /// of a batch of three (a fresh key before and after it), its decision made in Rust from
     /// the script's one-integer reply.
     Lean,
+    /// fixed_batch.lua: the vectors of one fixed-window leaf without a penalty, the same way,
+    /// the decision made from the script's two integers.
+    LeanFixed,
+}
+
+/// A lean script's hit, of either kind.
+#[derive(Clone, Copy)]
+enum Lean {
+    Gcra(LeanGcra),
+    Fixed(LeanFixed),
 }
 
 /// Expiry of the keys this test writes (2100-01-01, in ms): a key still carrying it was not
@@ -81,15 +92,26 @@ fn lua_reproduces_every_vector() {
 
 #[test]
 fn lean_script_reproduces_every_single_leaf_gcra_vector() {
+    lean_script_reproduces_its_vectors(Script::Lean, GCRA_BATCH_LUA, "GCRA", 30);
+}
+
+#[test]
+fn lean_fixed_window_script_reproduces_every_single_leaf_fixed_window_vector() {
+    lean_script_reproduces_its_vectors(Script::LeanFixed, FIXED_BATCH_LUA, "fixed-window", 20);
+}
+
+/// Runs every vector of `kind`'s shape through its lean script (`body`); at least `least`
+/// must be of that shape.
+fn lean_script_reproduces_its_vectors(kind: Script, body: &str, name: &str, least: usize) {
     let vectors = vectors::parse(vectors::FILE_TEXT);
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = format!("{LEAN_TEST_ENTRY}{GCRA_BATCH_LUA}");
+    let script = format!("{LEAN_TEST_ENTRY}{body}");
 
     let (mut ran, mut failures) = (0, Vec::new());
     for (index, vector) in vectors.iter().enumerate() {
-        let Some(problems) = check(&mut con, &script, Script::Lean, index, vector) else {
+        let Some(problems) = check(&mut con, &script, kind, index, vector) else {
             continue;
         };
         ran += 1;
@@ -101,7 +123,7 @@ fn lean_script_reproduces_every_single_leaf_gcra_vector() {
             ));
         }
     }
-    assert!(ran >= 30, "only {ran} single-leaf GCRA vectors");
+    assert!(ran >= least, "only {ran} single-leaf {name} vectors");
     assert!(
         failures.is_empty(),
         "the lean script disagrees with the core on {} of {ran} vectors:\n{}",
@@ -172,12 +194,19 @@ fn check(
     };
     let lean = match kind {
         Script::Full => None,
-        Script::Lean => Some(LeanGcra::of(&hit).expect("arguments")?),
+        Script::Lean => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
+        Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
     };
-    // The batch's neighbours: fresh keys, admitted (debt 0) by a quota of their own.
+    // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
+    // their own, of the same algorithm.
     let five_a_minute = Rate::new(5, Span::new(60, Unit::Second).unwrap()).unwrap();
-    let neighbour_quota = [Quota::gcra(five_a_minute, None).unwrap()];
-    let neighbour = LeanGcra::of(&Hit {
+    let algorithm = match lean {
+        Some(Lean::Fixed(_)) => Algorithm::FixedWindow,
+        _ => Algorithm::Gcra,
+    };
+    let neighbour_quota =
+        [Quota::from_leaf(&sluice_core::Leaf::new(five_a_minute), algorithm).unwrap()];
+    let neighbour_hit = Hit {
         identifiers: &ids[..1],
         evaluation: Evaluation {
             shape: &sluice_core::Shape::Leaf(0),
@@ -187,16 +216,23 @@ fn check(
             penalty: None,
         },
         penalty_identifier: None,
-    })
-    .unwrap()
-    .expect("a lean hit");
+    };
     let (before_key, after_key) = (format!("v{index}:before"), format!("v{index}:after"));
+    let text = |args: Vec<u64>| args.iter().map(u64::to_string).collect();
     let mut args: Vec<String> = match lean {
         None => arguments(&hit, index as u64).expect("arguments"),
-        Some(lean) => batch_arguments([neighbour, lean, neighbour].map(|hit| hit.arguments()))
-            .iter()
-            .map(u64::to_string)
-            .collect(),
+        Some(Lean::Gcra(lean)) => {
+            let neighbour = LeanGcra::of(&neighbour_hit).unwrap().expect("a lean hit");
+            text(batch_arguments(
+                [neighbour, lean, neighbour].map(|hit| hit.arguments()),
+            ))
+        }
+        Some(Lean::Fixed(lean)) => {
+            let neighbour = LeanFixed::of(&neighbour_hit).unwrap().expect("a lean hit");
+            text(batch_arguments(
+                [neighbour, lean, neighbour].map(|hit| hit.arguments()),
+            ))
+        }
     };
     args.push(case.now.to_string());
 
@@ -235,17 +271,32 @@ fn check(
     let mut problems = Vec::new();
     let mut replies = replies.into_iter();
     let mut reply = ints(&replies.next().unwrap());
-    if let Some(lean) = lean {
-        // One debt per hit of the batch; the neighbours' keys were fresh.
-        if reply.len() != 3 || reply[0] != 0 || reply[2] != 0 {
-            return Some(vec![format!(
-                "batch reply {reply:?}: expected 3 debts, 0 around"
-            )]);
+    match lean {
+        None => {}
+        Some(Lean::Gcra(lean)) => {
+            // One debt per hit of the batch; the neighbours' keys were fresh.
+            if reply.len() != 3 || reply[0] != 0 || reply[2] != 0 {
+                return Some(vec![format!(
+                    "batch reply {reply:?}: expected 3 debts, 0 around"
+                )]);
+            }
+            reply = match lean.decision(reply[1]) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the debt: {e}")]),
+            };
         }
-        reply = match lean.decision(reply[1]) {
-            Ok(decision) => decision_reply(&decision),
-            Err(e) => return Some(vec![format!("decision from the debt: {e}")]),
-        };
+        Some(Lean::Fixed(lean)) => {
+            // Two integers per hit of the batch; the neighbours' keys were fresh.
+            if reply.len() != 6 || reply[0] != 0 || reply[4] != 0 {
+                return Some(vec![format!(
+                    "batch reply {reply:?}: expected 3 pairs, nothing used around"
+                )]);
+            }
+            reply = match lean.decision(reply[2], reply[3]) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
+            };
+        }
     }
     let expected = expected_reply(&vector["expected"]["decision"]);
     if reply != expected {

@@ -1,0 +1,85 @@
+-- sluice: the lean script for one fixed-window leaf and no penalty, for a batch of such hits
+-- decided one after the other in one call (each its own decision, in order: a key named
+-- twice sees the first hit's write), as gcra_batch.lua does for GCRA.
+--
+-- The same writes as algorithms.lua's `run` for that shape (fixed.verdict, fixed.record,
+-- fixed.save), line for line, checked against the same vectors, without the library. The
+-- state is algorithms.lua's: "<window>:<count>", the window's number (now // length) and
+-- its count. A key named by several hits of the batch is written once, after the last of
+-- them, with its final state. `now` (integer microseconds) is defined by the entry before
+-- this text (redis_now.lua, or the tests' `now`).
+--
+-- KEYS: one per hit, the leaf's key. ARGV: the number of parameter sets S, then S sets of
+-- four (cost, recording (0 admitted, 1 always, 2 never), limit, window length in ticks),
+-- then one per hit, in KEYS' order: the number of its set (from 1), left out when S is 1.
+-- Reply: two integers per hit: the count its window held before it (0 for a window that
+-- has passed), and the time from `now` to the window's end. The store turns them into the
+-- decision with the core's fixed window, which depends on `now` only through that time.
+--
+-- Windows divide as (a - a % b) / b where algorithms.lua uses floordiv (exact for these
+-- integers: see gcra_batch.lua), and no library function is called per hit but the
+-- parse of a stored state, as in gcra_batch.lua.
+
+local format = string.format
+local sets = tonumber(ARGV[1])
+local params = {}
+for s = 1, sets do
+  local at = 1 + (s - 1) * 4
+  params[format('%d', s)] = { tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+    tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]) }
+end
+local first = 1 + sets * 4
+local only = nil
+if sets == 1 then only = params['1'] end
+local out = {}
+-- Every key read in one command; a key named again later in the batch reads what the hits
+-- before it recorded (`windows`, `counts`: each recorded key's state; `lengths`: its window
+-- length; `order`: those keys, each once).
+local read = redis.call('MGET', unpack(KEYS))
+local windows, counts, lengths, order = {}, {}, {}, {}
+for i = 1, #KEYS do
+  local p = only or params[ARGV[first + i]]
+  local cost, recording, limit, length = p[1], p[2], p[3], p[4]
+  local key = KEYS[i]
+  -- fixed.load
+  local window, count = windows[key], counts[key]
+  if window == nil then
+    window, count = 0, 0
+    local raw = read[i]
+    if raw then
+      local w, c = string.match(raw, '^(%d+):(%d+)$')
+      if w then window, count = tonumber(w), tonumber(c) end
+    end
+  end
+  -- fixed.verdict: the count so far in the current window.
+  local current = (now - now % length) / length
+  local used = 0
+  if window == current then used = count end
+  -- Recorded when admitted unless recording is `never`; denied only when it is `always`,
+  -- and never a cost above the limit (fixed.verdict's `retry` is then NEVER).
+  if (recording == 0 and used + cost <= limit) or (recording == 1 and cost <= limit) then
+    -- fixed.record
+    local total = used + cost
+    if total > limit * 2 then total = limit * 2 end
+    if windows[key] == nil then order[#order + 1] = key end
+    windows[key], counts[key], lengths[key] = current, total, length
+  end
+  out[2 * i - 1], out[2 * i] = used, (current + 1) * length - now
+end
+-- fixed.save, once per key: the state with its expiry (the window's end, in whole
+-- milliseconds rounded up, at least 1) in the same command, or the key deleted when its
+-- count is 0 or its window has ended.
+for j = 1, #order do
+  local key = order[j]
+  local count = counts[key]
+  local expires_at = 0
+  if count > 0 then expires_at = (windows[key] + 1) * lengths[key] end
+  if expires_at <= now then
+    redis.call('DEL', key)
+  else
+    local left = expires_at - now + 999
+    redis.call('SET', key, format('%d:%d', windows[key], count), 'PX',
+      format('%d', (left - left % 1000) / 1000))
+  end
+end
+return out

@@ -1,0 +1,198 @@
+//! The lean fixed-window batch script against the core, hit by hit: random batches of hits
+//! on a few keys (a key often named several times in one batch, some costs above what is
+//! left or above the limit, some hits counted when denied or never counted) must answer
+//! exactly as sluice-core's fixed window deciding them one after the other at the batch's
+//! `now`, leave each key holding the core's final state, and give a written key the expiry
+//! of its window's end (the script writes a key once per batch, after its last hit).
+
+use std::collections::BTreeMap;
+
+use sluice_core::{
+    Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
+};
+use sluice_limiter::{Hit, Identifier};
+use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, batch_arguments, micro};
+use sluice_testkit::RedisServer;
+
+/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
+/// taken off `ARGV` so the script sees the arguments the store sends.
+const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
+
+/// xorshift64*, so every run replays the same hits.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// A fixed-window quota of `count` per `seconds`, as the limiter hands it to the store.
+fn quota(count: u64, seconds: u64) -> Quota {
+    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
+    Quota::from_leaf(&Leaf::new(rate), Algorithm::FixedWindow).unwrap()
+}
+
+/// The hit of `quota`, `cost` and `recording` as the store sees it: its lean form.
+fn lean(quota: Quota, cost: u64, recording: Recording) -> LeanFixed {
+    let id = [Identifier::new("k")];
+    let hit = Hit {
+        identifiers: &id,
+        evaluation: Evaluation {
+            shape: &Shape::Leaf(0),
+            quotas: &[quota],
+            cost,
+            recording,
+            penalty: None,
+        },
+        penalty_identifier: None,
+    };
+    LeanFixed::of(&hit).unwrap().expect("a lean hit")
+}
+
+/// The count a state holds in the window of `now` (a passed window holds none).
+fn current_count(state: &State, length: u64, now: u64) -> u64 {
+    match *state {
+        State::FixedWindow { window, count } if window == now / length => count,
+        State::FixedWindow { .. } => 0,
+        _ => unreachable!("a fixed-window state"),
+    }
+}
+
+#[test]
+fn batches_with_repeated_keys_decide_and_store_as_the_core() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_connection().expect("connect");
+    let script = redis::Script::new(&format!("{TEST_ENTRY}{FIXED_BATCH_LUA}"));
+
+    // The last, 2 a second, often sees a cost above its limit in a window of its own.
+    let quotas = [quota(5, 1), quota(3, 60), quota(100, 10), quota(2, 1)];
+    // The core decides in the script's unit, microseconds.
+    let micros: Vec<Quota> = quotas.iter().map(|q| micro(q).unwrap()).collect();
+    let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
+    let keys = ["k0", "k1", "k2", "k3"];
+    let mut core: BTreeMap<&str, State> = keys
+        .iter()
+        .zip(&micros)
+        .map(|(key, q)| (*key, q.fresh_state()))
+        .collect();
+    let (mut rng, mut now, mut hits, mut denied, mut repeats) = (0x5eed_u64, 1_000_000, 0, 0, 0);
+    let (mut new_windows, mut never) = (0u64, 0u64);
+
+    for batch in 0..400 {
+        // Time moves by up to 0.4 s between batches: 1 s windows end often, 10 s ones now
+        // and then.
+        let before = now;
+        now += next(&mut rng) % 400_000;
+        new_windows += u64::from(now / 1_000_000 != before / 1_000_000);
+        let size = 1 + (next(&mut rng) % 12) as usize;
+        let mut sent = Vec::new();
+        // One batch in four is a hot key's: every hit the same key, cost and recording.
+        let hot = batch % 4 == 0;
+        for _ in 0..size {
+            let key = (next(&mut rng) % keys.len() as u64) as usize;
+            let cost = [1, 1, 1, 2, 0, 4][(next(&mut rng) % 6) as usize];
+            let recording = recordings[[0, 0, 0, 0, 1, 2][(next(&mut rng) % 6) as usize]];
+            match sent.first() {
+                Some(&first) if hot => sent.push(first),
+                _ => sent.push((key, cost, recording)),
+            }
+        }
+        let mut args = batch_arguments(
+            sent.iter()
+                .map(|&(key, cost, recording)| lean(quotas[key], cost, recording).arguments()),
+        );
+        args.push(now);
+        let mut invocation = script.prepare_invoke();
+        for &(key, ..) in &sent {
+            invocation.key(keys[key]);
+        }
+        for arg in &args {
+            invocation.arg(*arg);
+        }
+        let reply: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        assert_eq!(reply.len(), 2 * sent.len());
+
+        let mut last_write: BTreeMap<&str, State> = BTreeMap::new();
+        for (i, &(key, cost, recording)) in sent.iter().enumerate() {
+            let name = keys[key];
+            let q = micros[key];
+            let length = q.window_ticks();
+            let state = core[name].clone();
+            assert_eq!(
+                (reply[2 * i] as u64, reply[2 * i + 1] as u64),
+                (
+                    current_count(&state, length, now),
+                    (now / length + 1) * length - now
+                ),
+                "batch {batch}, hit {i} on {name}: the count before the hit, the time left"
+            );
+            let mut states = [state];
+            let outcome = evaluate(
+                &Evaluation {
+                    shape: &Shape::Leaf(0),
+                    quotas: &[q],
+                    cost,
+                    recording,
+                    penalty: None,
+                },
+                &mut states,
+                None,
+                now,
+            );
+            let decision = lean(quotas[key], cost, recording)
+                .decision(reply[2 * i], reply[2 * i + 1])
+                .unwrap();
+            assert_eq!(
+                decision, outcome.decision,
+                "batch {batch}, hit {i} on {name}: the decision"
+            );
+            hits += 1;
+            denied += u64::from(!outcome.decision.allowed());
+            never += u64::from(cost > q.limit() && recording == Recording::Always);
+            let [after] = states;
+            if outcome.changed {
+                repeats += u64::from(last_write.contains_key(name));
+                last_write.insert(name, after.clone());
+            }
+            core.insert(name, after);
+        }
+
+        for (key, q) in keys.iter().zip(&micros) {
+            let length = q.window_ticks();
+            let stored: Option<String> = redis::cmd("GET").arg(*key).query(&mut con).unwrap();
+            let stored = match stored {
+                None => q.fresh_state(),
+                Some(text) => {
+                    let (window, count) = text.split_once(':').expect("window:count");
+                    State::FixedWindow {
+                        window: window.parse().unwrap(),
+                        count: count.parse().unwrap(),
+                    }
+                }
+            };
+            assert_eq!(
+                current_count(&stored, length, now),
+                current_count(&core[key], length, now),
+                "batch {batch}: {key} holds the core's count"
+            );
+            if let Some(State::FixedWindow { window, count }) = last_write.get(key)
+                && *count > 0
+            {
+                let ttl: i64 = redis::cmd("PTTL").arg(*key).query(&mut con).unwrap();
+                let px = ((window + 1) * length - now).div_ceil(1_000).max(1) as i64;
+                assert!(
+                    ttl <= px && ttl > px - 1_000,
+                    "batch {batch}: {key} expires in {ttl} ms, its window in {px}"
+                );
+            }
+            // The test's time is not Redis's: a key kept for the next batch must not expire
+            // by Redis's clock meanwhile (its expiry was checked above).
+            let _: i64 = redis::cmd("PERSIST").arg(*key).query(&mut con).unwrap();
+        }
+    }
+    assert!(denied * 10 > hits, "only {denied} of {hits} hits denied");
+    assert!(repeats > 200, "only {repeats} repeated writes in a batch");
+    assert!(new_windows > 50, "only {new_windows} new 1 s windows");
+    assert!(never > 20, "only {never} counted hits above their limit");
+}
