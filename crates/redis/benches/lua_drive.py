@@ -1,8 +1,9 @@
 """Drives one of sluice's batched Lua scripts on a redis-server for lua_instructions.sh.
 
 Usage: lua_drive.py PORT SCENARIO CALLS DIR. Loads the script as the store does (the
-redis_now.lua entry and decimal.lua before the script's text), warms up, writes DIR/ready,
-waits for DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scenarios:
+redis_now.lua entry, and decimal.lua where the script uses it, before the script's text),
+warms up, writes DIR/ready, waits for DIR/go, makes CALLS calls of 16 steps each, and
+writes DIR/done. Scenarios:
   rate-1     16 GCRA hits per call on one key (sent as the key once and a count)
   rate-many  16 GCRA hits per call, each on a random one of 1,000,000 keys
   lease-1    8 acquires of new lease ids and 8 releases of the last call's, one set
@@ -12,6 +13,8 @@ waits for DIR/go, makes CALLS calls of 16 steps each, and writes DIR/done. Scena
   cell-1     16 redis-cell CL.THROTTLE commands per call, pipelined, on one key (the
              server must have loaded redis-cell)
   cell-many  the same, each on a random one of 1,000,000 keys
+  fixed-1    16 fixed-window hits per call through the lean fixed-window script, one key
+  fixed-many the same, each on a random one of 1,000,000 keys
   full-fixed-1    16 fixed-window decisions per call through the whole decision script, as
                   the store runs every rule but the lean shapes: a Redis Function (FCALL,
                   the library loaded once as src/script.rs assembles it), one decision per
@@ -33,9 +36,9 @@ client = redis.Redis(port=port)
 random.seed(1)
 
 
-def load(name):
+def load(name, parts=("redis_now.lua", "decimal.lua")):
     text = ""
-    for part in ["redis_now.lua", "decimal.lua", name]:
+    for part in [*parts, name]:
         with open(os.path.join(lua, part)) as f:
             text += f.read()
     return client.script_load(text)
@@ -86,6 +89,17 @@ elif scenario.startswith("full"):
                 1, 0, "l0 ", format(token[0], "x"), 1, *quota,
             )
         return pipe.execute()
+
+elif scenario.startswith("fixed"):
+    sha = load("fixed_batch.lua", ("redis_now.lua",))
+    many = scenario == "fixed-many"
+    # One parameter set (no per-hit set numbers): cost 1, recorded when admitted, a limit
+    # and a window (60 s) so large that every hit is admitted and written.
+    params = [1, 1, 0, 1_000_000_000, 60_000_000]
+
+    def call():
+        keys = [key(many, "bench:fixed") for _ in range(16)]
+        return client.evalsha(sha, 16, *keys, *params)
 
 elif scenario.startswith("rate"):
     sha = load("gcra_batch.lua")

@@ -10,6 +10,7 @@
 # the Redis CPU issue 12 compares the store with, in instructions.
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
 #
+# fixed-1 and fixed-many count the lean fixed-window script's hits the same way.
 # SLUICE_BENCH_SCENARIOS="full-fixed-1 full-fixed-many full-gcra-many" counts the whole
 # decision script instead (a Redis Function, one decision per FCALL): what every rule but
 # the lean shapes costs, fixed windows among them (see lua_drive.py).
@@ -63,16 +64,16 @@ measure() {
   echo $((total / (calls * 16)))
 }
 
-printf '%-12s %s\n' scenario 'instructions per step'
+printf '%-16s %s\n' scenario 'instructions per step'
 declare -A per
-for scenario in ${SLUICE_BENCH_SCENARIOS:-rate-1 lease-1 rate-many lease-many}; do
+for scenario in ${SLUICE_BENCH_SCENARIOS:-rate-1 lease-1 rate-many lease-many fixed-1 fixed-many}; do
   per[$scenario]=$(measure "$scenario")
-  printf '%-12s %s\n' "$scenario" "${per[$scenario]}"
+  printf '%-16s %s\n' "$scenario" "${per[$scenario]}"
 done
 if [[ -n ${SLUICE_BENCH_REDIS_CELL:-} ]]; then
   for scenario in cell-1 cell-many; do
     per[$scenario]=$(measure "$scenario")
-    printf '%-12s %s\n' "$scenario" "${per[$scenario]}"
+    printf '%-16s %s\n' "$scenario" "${per[$scenario]}"
   done
 fi
 for keys in 1 many; do

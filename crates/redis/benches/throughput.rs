@@ -12,7 +12,8 @@
 //! repository), a second redis-server loads that module and `CL.THROTTLE` runs under
 //! redis-benchmark beside the scripts, pinned to the same core. `SLUICE_BENCH_SCRIPTS=
 //! sluice_lean_batch_16,redis_cell_throttle` (names as in the output) runs only those beside
-//! the store.
+//! the store. `SLUICE_BENCH_ALGORITHM=fixed-window` makes the store's leaf a fixed window
+//! (the scripts beside it stay GCRA's).
 //!
 //! The store keeps 50 requests in flight over its one multiplexed connection (so its requests
 //! are pipelined); redis-benchmark uses 50 connections. Redis CPU per decision is the
@@ -156,6 +157,15 @@ fn main() {
     // 10^6 per second per key: every hit is admitted, so every side takes the write path.
     let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
     let quota = Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::Gcra).unwrap();
+    // `SLUICE_BENCH_ALGORITHM=fixed-window`: the store decides with a fixed-window leaf of
+    // the same rate (1,000,000 a 1 s window) instead; redis-benchmark's scripts stay GCRA's.
+    let store_quota = match std::env::var("SLUICE_BENCH_ALGORITHM").as_deref() {
+        Err(_) | Ok("gcra") => quota,
+        Ok("fixed-window") => {
+            Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::FixedWindow).unwrap()
+        }
+        Ok(other) => panic!("SLUICE_BENCH_ALGORITHM: gcra or fixed-window, not {other:?}"),
+    };
 
     // The calls the store makes, as redis-benchmark arguments.
     let placeholder = [Identifier::new("x")];
@@ -265,7 +275,7 @@ fn main() {
             let started = Instant::now();
             let rate = runtime.block_on(decisions_per_second(
                 &store,
-                quota,
+                store_quota,
                 keys.clone(),
                 CALLERS,
                 ROUND,
@@ -280,7 +290,9 @@ fn main() {
             // thread every answer would wake it across threads, which is the machine's cost.
             let caller = {
                 let (store, keys) = (store.clone(), keys.clone());
-                runtime.spawn(async move { one_caller_latency(&store, quota, &keys, ROUND).await })
+                runtime.spawn(
+                    async move { one_caller_latency(&store, store_quota, &keys, ROUND).await },
+                )
             };
             let (p50, p99) = runtime.block_on(caller).expect("the lone caller");
             p50s.push(p50);
