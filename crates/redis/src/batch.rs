@@ -42,12 +42,15 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// Calls out at once on a Cluster, where most per-slot calls hold one hit.
 pub(crate) const IN_FLIGHT_CLUSTER: usize = 16;
 
+/// Where a queued step's answer goes: its caller, waiting.
+pub(crate) type Answer<T> = oneshot::Sender<Result<T, RedisError>>;
+
 /// One queued hit: its key, its five arguments, its slot (Cluster) and where its reply goes.
 pub(crate) struct Pending {
     pub key: String,
     pub arguments: [u64; 5],
     pub slot: u16,
-    pub reply: oneshot::Sender<Result<i64, RedisError>>,
+    pub reply: Answer<i64>,
 }
 
 /// One kind of queued step that goes to Redis in batches.

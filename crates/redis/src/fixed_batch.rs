@@ -5,10 +5,8 @@
 //! every such decision was one call of the whole script, about 130,000 Redis instructions
 //! (`benches/lua_instructions.sh`, `full-fixed-1`).
 
-use tokio::sync::oneshot;
-
 use crate::RedisError;
-use crate::batch::Batched;
+use crate::batch::{Answer, Batched};
 use crate::script::{FIXED_BATCH, batch_arguments};
 use crate::store::RedisStore;
 
@@ -18,7 +16,7 @@ pub(crate) struct FixedPending {
     pub key: String,
     pub arguments: [u64; 4],
     pub slot: u16,
-    pub reply: oneshot::Sender<Result<(i64, i64), RedisError>>,
+    pub reply: Answer<(i64, i64)>,
 }
 
 impl Batched for FixedPending {

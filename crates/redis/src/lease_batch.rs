@@ -28,10 +28,9 @@ use std::sync::atomic::Ordering;
 
 use sluice_core::Decision;
 use sluice_core::algorithm::concurrency::Released;
-use tokio::sync::oneshot;
 
 use crate::RedisError;
-use crate::batch::Batched;
+use crate::batch::{Answer, Batched};
 use crate::script::{LEASE_BATCH, decision};
 use crate::store::RedisStore;
 
@@ -226,7 +225,7 @@ pub(crate) struct LeasePending {
     pub step: LeaseStep,
     pub id: u64,
     pub slot: u16,
-    pub reply: oneshot::Sender<Result<LeaseAnswer, RedisError>>,
+    pub reply: Answer<LeaseAnswer>,
 }
 
 impl Batched for LeasePending {
@@ -293,22 +292,16 @@ impl RedisStore {
         step: LeaseStep,
         id: u64,
     ) -> Result<LeaseAnswer, RedisError> {
-        let (reply, answer) = oneshot::channel();
-        let alone = self.lease_batcher().submit(
-            self,
+        self.batched(self.lease_batcher(), identifier, |key, slot, reply| {
             LeasePending {
-                key: crate::slot::key(identifier),
+                key,
                 step,
                 id,
-                slot: if self.is_cluster() {
-                    crate::slot::slot_of(identifier)
-                } else {
-                    0
-                },
+                slot,
                 reply,
-            },
-        )?;
-        self.await_batched(alone, answer).await
+            }
+        })
+        .await
     }
 
     /// Adds `expired` to [`RedisStore::leases_expired`].

@@ -274,6 +274,16 @@ fn recording_code(recording: Recording) -> u8 {
     }
 }
 
+/// The quota of `hit` when it has a lean script's shape: one leaf of `algorithm`, one
+/// identifier, no penalty.
+fn lean_quota<'h>(hit: &'h Hit<'_>, algorithm: Algorithm) -> Option<&'h Quota> {
+    let ev = &hit.evaluation;
+    match (ev.quotas, hit.identifiers, ev.shape, ev.penalty) {
+        ([quota], [_], Shape::Leaf(0), None) if quota.algorithm() == algorithm => Some(quota),
+        _ => None,
+    }
+}
+
 /// A hit of the lean script's shape (one leaf, GCRA, no penalty): its ARGV for
 /// [`GCRA_BATCH`], and its decision from the script's one-integer reply.
 #[derive(Debug, Clone, Copy)]
@@ -287,19 +297,13 @@ pub struct LeanGcra {
 impl LeanGcra {
     /// `Some` when `hit` has the lean script's shape; `None` sends it to [`DECIDE`].
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanGcra>, RedisError> {
-        let ev = &hit.evaluation;
-        let ([quota], [_], Shape::Leaf(0), None) =
-            (ev.quotas, hit.identifiers, ev.shape, ev.penalty)
-        else {
+        let Some(quota) = lean_quota(hit, Algorithm::Gcra) else {
             return Ok(None);
         };
-        if quota.algorithm() != Algorithm::Gcra {
-            return Ok(None);
-        }
         Ok(Some(LeanGcra {
             quota: micro(quota)?,
-            cost: ev.cost,
-            recording: ev.recording,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
         }))
     }
 
@@ -345,19 +349,13 @@ pub struct LeanFixed {
 impl LeanFixed {
     /// `Some` when `hit` has the lean fixed-window shape; `None` sends it elsewhere.
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanFixed>, RedisError> {
-        let ev = &hit.evaluation;
-        let ([quota], [_], Shape::Leaf(0), None) =
-            (ev.quotas, hit.identifiers, ev.shape, ev.penalty)
-        else {
+        let Some(quota) = lean_quota(hit, Algorithm::FixedWindow) else {
             return Ok(None);
         };
-        if quota.algorithm() != Algorithm::FixedWindow {
-            return Ok(None);
-        }
         Ok(Some(LeanFixed {
             quota: micro(quota)?,
-            cost: ev.cost,
-            recording: ev.recording,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
         }))
     }
 

@@ -13,18 +13,11 @@ use sluice_core::{
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, batch_arguments, micro};
 use sluice_testkit::RedisServer;
+use sluice_testkit::vectors::Rng;
 
 /// The lean script's test entry: `now` from the last argument instead of Redis's clock,
 /// taken off `ARGV` so the script sees the arguments the store sends.
 const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
-
-/// xorshift64*, so every run replays the same hits.
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-}
 
 /// A fixed-window quota of `count` per `seconds`, as the limiter hands it to the store.
 fn quota(count: u64, seconds: u64) -> Quota {
@@ -76,23 +69,25 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
         .zip(&micros)
         .map(|(key, q)| (*key, q.fresh_state()))
         .collect();
-    let (mut rng, mut now, mut hits, mut denied, mut repeats) = (0x5eed_u64, 1_000_000, 0, 0, 0);
+    // Seeded, so every run replays the same hits.
+    let mut rng = Rng(0x5eed);
+    let (mut now, mut hits, mut denied, mut repeats) = (1_000_000, 0, 0, 0);
     let (mut new_windows, mut never) = (0u64, 0u64);
 
     for batch in 0..400 {
         // Time moves by up to 0.4 s between batches: 1 s windows end often, 10 s ones now
         // and then.
         let before = now;
-        now += next(&mut rng) % 400_000;
+        now += rng.next_u64() % 400_000;
         new_windows += u64::from(now / 1_000_000 != before / 1_000_000);
-        let size = 1 + (next(&mut rng) % 12) as usize;
+        let size = 1 + (rng.next_u64() % 12) as usize;
         let mut sent = Vec::new();
         // One batch in four is a hot key's: every hit the same key, cost and recording.
         let hot = batch % 4 == 0;
         for _ in 0..size {
-            let key = (next(&mut rng) % keys.len() as u64) as usize;
-            let cost = [1, 1, 1, 2, 0, 4][(next(&mut rng) % 6) as usize];
-            let recording = recordings[[0, 0, 0, 0, 1, 2][(next(&mut rng) % 6) as usize]];
+            let key = (rng.next_u64() % keys.len() as u64) as usize;
+            let cost = [1, 1, 1, 2, 0, 4][(rng.next_u64() % 6) as usize];
+            let recording = recordings[[0, 0, 0, 0, 1, 2][(rng.next_u64() % 6) as usize]];
             match sent.first() {
                 Some(&first) if hot => sent.push(first),
                 _ => sent.push((key, cost, recording)),
