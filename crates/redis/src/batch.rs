@@ -21,10 +21,14 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
+use sluice_core::Decision;
+use sluice_limiter::{Hit, Identifier};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::RedisError;
-use crate::script::{GCRA_BATCH, batch_call};
+use crate::fixed_batch::FixedPending;
+use crate::script::{GCRA_BATCH, LeanFixed, LeanGcra, batch_call};
+use crate::slot::{key, slot_of};
 use crate::store::{Inner, RedisStore};
 
 /// Most hits in one call: 64 keys and about as many small numbers, a few kilobytes, and a
@@ -238,5 +242,66 @@ async fn send(store: &RedisStore, batch: Vec<Pending>) {
                 let _ = pending.reply.send(Err(e.clone()));
             }
         }
+    }
+}
+
+impl RedisStore {
+    /// Queues a lean hit for the next batch and waits, within the store's timeout, for its
+    /// debt, which the core's GCRA turns into the decision.
+    pub(crate) async fn decide_lean(
+        &self,
+        hit: &Hit<'_>,
+        lean: LeanGcra,
+    ) -> Result<Decision, RedisError> {
+        let batcher = self.gcra_batcher();
+        let debt = self
+            .batched(batcher, &hit.identifiers[0], |key, slot, reply| Pending {
+                key,
+                arguments: lean.arguments(),
+                slot,
+                reply,
+            })
+            .await?;
+        lean.decision(debt)
+    }
+
+    /// Queues a lean fixed-window hit for the next batch and waits, within the store's
+    /// timeout, for its two integers, which the core's fixed window turns into the decision.
+    pub(crate) async fn decide_fixed(
+        &self,
+        hit: &Hit<'_>,
+        lean: LeanFixed,
+    ) -> Result<Decision, RedisError> {
+        let batcher = self.fixed_batcher();
+        let (used, left) = self
+            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
+                FixedPending {
+                    key,
+                    arguments: lean.arguments(),
+                    slot,
+                    reply,
+                }
+            })
+            .await?;
+        lean.decision(used, left)
+    }
+
+    /// Queues a step on `identifier`'s key for `batcher`'s next batch (`pending` makes it
+    /// from the key, its Cluster slot and where its answer goes) and waits, within the
+    /// store's timeout, for its answer.
+    pub(crate) async fn batched<P: Batched, T>(
+        &self,
+        batcher: &Batcher<P>,
+        identifier: &Identifier,
+        pending: impl FnOnce(String, u16, Answer<T>) -> P,
+    ) -> Result<T, RedisError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let slot = if self.is_cluster() {
+            slot_of(identifier)
+        } else {
+            0
+        };
+        let alone = batcher.submit(self, pending(key(identifier), slot, reply))?;
+        self.await_batched(alone, answer).await
     }
 }

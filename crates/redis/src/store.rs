@@ -13,7 +13,7 @@ use sluice_core::algorithm::concurrency::Released;
 use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
-use crate::batch::{Answer, Batched, Batcher, Pending, gone};
+use crate::batch::{Batcher, gone};
 use crate::fixed_batch::FixedPending;
 use crate::lease_batch::LeasePending;
 use crate::script::{DECIDE, LIBRARY, LeanFixed, LeanGcra, Lua, arguments, decision};
@@ -251,6 +251,14 @@ impl RedisStore {
         &self.inner.lease_batcher
     }
 
+    pub(crate) fn gcra_batcher(&self) -> &Batcher {
+        &self.inner.batcher
+    }
+
+    pub(crate) fn fixed_batcher(&self) -> &Batcher<FixedPending> {
+        &self.inner.fixed_batcher
+    }
+
     pub(crate) fn next_token(&self) -> u64 {
         self.inner
             .token_seed
@@ -477,57 +485,6 @@ impl RedisStore {
         let args = arguments(hit, self.next_token())?;
         let reply: Vec<i64> = self.eval(&DECIDE, &keys, &args).await?;
         decision(&reply)
-    }
-
-    /// Queues a lean hit for the next batch and waits, within the store's timeout, for its
-    /// debt, which the core's GCRA turns into the decision.
-    async fn decide_lean(&self, hit: &Hit<'_>, lean: LeanGcra) -> Result<Decision, RedisError> {
-        let batcher = &self.inner.batcher;
-        let debt = self
-            .batched(batcher, &hit.identifiers[0], |key, slot, reply| Pending {
-                key,
-                arguments: lean.arguments(),
-                slot,
-                reply,
-            })
-            .await?;
-        lean.decision(debt)
-    }
-
-    /// Queues a lean fixed-window hit for the next batch and waits, within the store's
-    /// timeout, for its two integers, which the core's fixed window turns into the decision.
-    async fn decide_fixed(&self, hit: &Hit<'_>, lean: LeanFixed) -> Result<Decision, RedisError> {
-        let batcher = &self.inner.fixed_batcher;
-        let (used, left) = self
-            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
-                FixedPending {
-                    key,
-                    arguments: lean.arguments(),
-                    slot,
-                    reply,
-                }
-            })
-            .await?;
-        lean.decision(used, left)
-    }
-
-    /// Queues a step on `identifier`'s key for `batcher`'s next batch (`pending` makes it
-    /// from the key, its Cluster slot and where its answer goes) and waits, within the
-    /// store's timeout, for its answer.
-    pub(crate) async fn batched<P: Batched, T>(
-        &self,
-        batcher: &Batcher<P>,
-        identifier: &Identifier,
-        pending: impl FnOnce(String, u16, Answer<T>) -> P,
-    ) -> Result<T, RedisError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let slot = if self.is_cluster() {
-            slot_of(identifier)
-        } else {
-            0
-        };
-        let alone = batcher.submit(self, pending(key(identifier), slot, reply))?;
-        self.await_batched(alone, answer).await
     }
 
     /// Waits, within the store's timeout, for the answer of a step submitted for a batch,
