@@ -22,6 +22,10 @@ writes DIR/done. Scenarios:
   full-fixed-many the same, each on a random one of 1,000,000 keys
   full-gcra-many  single-leaf GCRA through the whole script, 1,000,000 keys (what the
                   lean script spares)
+  sliding-1  16 sliding-window hits per call (10 sub-windows) through the lean
+             sliding-window script, one key
+  sliding-many the same, each on a random one of 1,000,000 keys
+  full-sliding-1, full-sliding-many  the same sliding window through the whole script
 """
 
 import os
@@ -76,8 +80,12 @@ elif scenario.startswith("full"):
     # As src/script.rs's `arguments` sends one leaf: cost 1, recording admitted, shape
     # "l0 ", a token, one quota (algorithm: 1 GCRA, 4 fixed window; limit; window; interval;
     # burst; sub-windows), counted in microseconds; every decision admitted and written.
-    algorithm = 1 if "gcra" in scenario else 4
-    quota = [algorithm, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
+    if "gcra" in scenario:
+        quota = [1, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
+    elif "sliding" in scenario:
+        quota = [2, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 10]
+    else:
+        quota = [4, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
     pipe = client.pipeline(transaction=False)
     token = [0]
 
@@ -99,6 +107,17 @@ elif scenario.startswith("fixed"):
 
     def call():
         keys = [key(many, "bench:fixed") for _ in range(16)]
+        return client.evalsha(sha, 16, *keys, *params)
+
+elif scenario.startswith("sliding"):
+    sha = load("sliding_batch.lua", ("redis_now.lua",))
+    many = scenario == "sliding-many"
+    # One parameter set: cost 1, recorded when admitted, a limit so large that every hit
+    # is admitted and written, 10 sub-windows of 6 s (a 60 s window).
+    params = [1, 1, 0, 1_000_000_000, 6_000_000, 10]
+
+    def call():
+        keys = [key(many, "bench:sliding") for _ in range(16)]
         return client.evalsha(sha, 16, *keys, *params)
 
 elif scenario.startswith("rate"):

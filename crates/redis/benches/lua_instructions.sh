@@ -10,10 +10,11 @@
 # the Redis CPU issue 12 compares the store with, in instructions.
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
 #
-# fixed-1 and fixed-many count the lean fixed-window script's hits the same way.
-# SLUICE_BENCH_SCENARIOS="full-fixed-1 full-fixed-many full-gcra-many" counts the whole
-# decision script instead (a Redis Function, one decision per FCALL): what every rule but
-# the lean shapes costs, fixed windows among them (see lua_drive.py).
+# fixed-1, fixed-many, sliding-1 and sliding-many count the lean fixed-window and
+# sliding-window scripts' hits the same way.
+# SLUICE_BENCH_SCENARIOS="full-fixed-1 full-fixed-many full-gcra-many full-sliding-1
+# full-sliding-many" counts the whole decision script instead (a Redis Function, one
+# decision per FCALL): what every rule but the lean shapes costs (see lua_drive.py).
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
@@ -66,7 +67,7 @@ measure() {
 
 printf '%-16s %s\n' scenario 'instructions per step'
 declare -A per
-for scenario in ${SLUICE_BENCH_SCENARIOS:-rate-1 lease-1 rate-many lease-many fixed-1 fixed-many}; do
+for scenario in ${SLUICE_BENCH_SCENARIOS:-rate-1 lease-1 rate-many lease-many fixed-1 fixed-many sliding-1 sliding-many}; do
   per[$scenario]=$(measure "$scenario")
   printf '%-16s %s\n' "$scenario" "${per[$scenario]}"
 done

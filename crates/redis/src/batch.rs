@@ -1,6 +1,6 @@
 //! Batching: lean GCRA decisions waiting for the same connection go to Redis as one call of
 //! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer); lean
-//! fixed-window hits (`src/fixed_batch.rs`) and single-leaf lease steps
+//! fixed-window and sliding-window hits (`src/lean_batch.rs`) and single-leaf lease steps
 //! (`src/lease_batch.rs`) go the same way, each kind in its own queue.
 //!
 //! There is no timer. A hit that finds nothing waiting and a call slot free is sent at once,
@@ -26,8 +26,9 @@ use sluice_limiter::{Hit, Identifier};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::RedisError;
-use crate::fixed_batch::FixedPending;
-use crate::script::{GCRA_BATCH, LeanFixed, LeanGcra, batch_call};
+use crate::lean_batch::{FixedPending, SlidingPending};
+use crate::script::batch_call;
+use crate::script::{FIXED_BATCH, GCRA_BATCH, LeanFixed, LeanGcra, LeanSliding, SLIDING_BATCH};
 use crate::slot::{key, slot_of};
 use crate::store::{Inner, RedisStore};
 
@@ -273,17 +274,40 @@ impl RedisStore {
         lean: LeanFixed,
     ) -> Result<Decision, RedisError> {
         let batcher = self.fixed_batcher();
-        let (used, left) = self
+        let [used, left] = self
             .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
                 FixedPending {
                     key,
                     arguments: lean.arguments(),
                     slot,
+                    script: &FIXED_BATCH,
                     reply,
                 }
             })
             .await?;
         lean.decision(used, left)
+    }
+
+    /// Queues a lean sliding-window hit for the next batch and waits, within the store's
+    /// timeout, for its verdict (three integers), which makes the decision.
+    pub(crate) async fn decide_sliding(
+        &self,
+        hit: &Hit<'_>,
+        lean: LeanSliding,
+    ) -> Result<Decision, RedisError> {
+        let batcher = self.sliding_batcher();
+        let verdict = self
+            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
+                SlidingPending {
+                    key,
+                    arguments: lean.arguments(),
+                    slot,
+                    script: &SLIDING_BATCH,
+                    reply,
+                }
+            })
+            .await?;
+        lean.decision(verdict)
     }
 
     /// Queues a step on `identifier`'s key for `batcher`'s next batch (`pending` makes it

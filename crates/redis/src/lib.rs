@@ -33,10 +33,14 @@
 //!   Redis's answer, though a call whose reply was lost may have counted.
 //! - One fixed-window leaf without a penalty (the default algorithm of Envoy-style
 //!   configurations) goes the same way through its own lean script and queue
-//!   (`src/lua/fixed_batch.lua`, `src/fixed_batch.rs`): two integers a hit, the count its
+//!   (`src/lua/fixed_batch.lua`, `src/lean_batch.rs`): two integers a hit, the count its
 //!   window held before it and the time to the window's end, which the core's fixed window
 //!   turns into the decision. A decision costs Redis about a tenth of the full script's
 //!   instructions on one key and a quarter on 1,000,000 keys (`benches/lua_instructions.sh`).
+//! - One sliding-window leaf without a penalty likewise (`src/lua/sliding_batch.lua`): its
+//!   verdict depends on every counted sub-window, so the script answers the verdict itself,
+//!   three integers a hit (remaining, reset, retry), translated line for line from the
+//!   core's sliding window and checked by the same vectors.
 //! - Every other rule runs the full script (algorithms.lua with `run`), as a Redis 7
 //!   Function (`FUNCTION LOAD` once, then `FCALL`), which defines the library of algorithms
 //!   once instead of on every call; the library is loaded again when a server has lost it
@@ -88,7 +92,7 @@
 
 mod batch;
 mod error;
-mod fixed_batch;
+mod lean_batch;
 mod lease_batch;
 mod leases;
 // Public only for this crate's tests, which run the Lua algorithms against the shared

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::sync::LazyLock;
 
 use sluice_core::decision::ticks;
-use sluice_core::{Algorithm, Decision, Denial, Quota, Recording, Retry, Shape, State};
+use sluice_core::{Algorithm, Decision, Denial, Quota, Recording, Retry, Shape, State, Verdict};
 use sluice_limiter::Hit;
 
 use crate::RedisError;
@@ -211,6 +211,19 @@ pub static FIXED_BATCH: LazyLock<Lua> = LazyLock::new(|| {
 /// The lean fixed-window script's body alone, for test entry points that define `now`.
 pub const FIXED_BATCH_LUA: &str = include_str!("lua/fixed_batch.lua");
 
+/// The lean script for one sliding-window leaf without a penalty, deciding a batch of such
+/// hits in order, as [`GCRA_BATCH`] does for GCRA: the writes and the decision of [`DECIDE`]
+/// for that shape, three integers per hit for reply (see [`LeanSliding`]).
+pub static SLIDING_BATCH: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/redis_now.lua"),
+        include_str!("lua/sliding_batch.lua")
+    ))
+});
+
+/// The lean sliding-window script's body alone, for test entry points that define `now`.
+pub const SLIDING_BATCH_LUA: &str = include_str!("lua/sliding_batch.lua");
+
 /// The lean script for the lease steps of rules of one concurrency leaf (acquire, release,
 /// renew), taking a batch of them in order, each as its single-step entry would: see
 /// `src/lease_batch.rs`.
@@ -399,6 +412,77 @@ impl LeanFixed {
                 verdict = after;
             }
         }
+        Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
+    }
+}
+
+/// A hit of the lean sliding-window script's shape (one leaf, sliding window, no penalty):
+/// its ARGV for [`SLIDING_BATCH`], and its decision from the script's three-integer reply.
+#[derive(Debug, Clone, Copy)]
+pub struct LeanSliding {
+    /// The quota counted in microseconds.
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl LeanSliding {
+    /// `Some` when `hit` has the lean sliding-window shape; `None` sends it elsewhere.
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanSliding>, RedisError> {
+        let Some(quota) = lean_quota(hit, Algorithm::SlidingWindow) else {
+            return Ok(None);
+        };
+        Ok(Some(LeanSliding {
+            quota: micro(quota)?,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
+        }))
+    }
+
+    /// The hit's five arguments: cost, recording, limit, sub-window length (microseconds),
+    /// sub-windows.
+    pub fn arguments(&self) -> [u64; 5] {
+        let q = &self.quota;
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            q.limit(),
+            q.sub_window_ticks(),
+            u64::from(q.windows()),
+        ]
+    }
+
+    /// The decision from the hit's reply, the script's verdict: `remaining`, `reset_after`
+    /// and `retry` (-1 now: admitted; -2 never; otherwise the ticks to wait). A reply no
+    /// verdict of this quota can give is an error, never an admission.
+    pub fn decision(
+        &self,
+        [remaining, reset_after, retry]: [i64; 3],
+    ) -> Result<Decision, RedisError> {
+        let q = &self.quota;
+        let limit = q.limit();
+        let wrong = || {
+            RedisError::Reply(format!(
+                "sliding window reply {remaining}, {reset_after}, {retry} for a limit of {limit}"
+            ))
+        };
+        let remaining = u64::try_from(remaining)
+            .ok()
+            .filter(|r| *r <= limit)
+            .ok_or_else(wrong)?;
+        let reset_after = u64::try_from(reset_after).map_err(|_| wrong())?;
+        let retry = match retry {
+            -1 => Retry::Now,
+            -2 => Retry::Never,
+            after => Retry::After(u64::try_from(after).map_err(|_| wrong())?),
+        };
+        let verdict = Verdict {
+            allowed: retry == Retry::Now,
+            limit,
+            remaining,
+            reset_after,
+            retry,
+        };
         Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
     }
 }

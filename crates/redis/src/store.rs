@@ -14,9 +14,9 @@ use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
 use crate::batch::{Batcher, gone};
-use crate::fixed_batch::FixedPending;
+use crate::lean_batch::{FixedPending, SlidingPending};
 use crate::lease_batch::LeasePending;
-use crate::script::{DECIDE, LIBRARY, LeanFixed, LeanGcra, Lua, arguments, decision};
+use crate::script::{DECIDE, LIBRARY, LeanFixed, LeanGcra, LeanSliding, Lua, arguments, decision};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     batcher: Batcher,
     /// The queue of lean fixed-window hits, sent in batches.
     fixed_batcher: Batcher<FixedPending>,
+    /// The queue of lean sliding-window hits, sent in batches.
+    sliding_batcher: Batcher<SlidingPending>,
     /// The queue of single-leaf lease steps, sent in batches.
     lease_batcher: Batcher<LeasePending>,
     /// Leases found expired instead of released (see [`RedisStore::leases_expired`]).
@@ -183,6 +185,7 @@ impl RedisStoreBuilder {
                 connection,
                 batcher: Batcher::start(store.clone(), cluster),
                 fixed_batcher: Batcher::start(store.clone(), cluster),
+                sliding_batcher: Batcher::start(store.clone(), cluster),
                 lease_batcher: Batcher::start(store.clone(), cluster),
                 leases_expired: AtomicU64::new(0),
                 timeout: self.timeout,
@@ -257,6 +260,10 @@ impl RedisStore {
 
     pub(crate) fn fixed_batcher(&self) -> &Batcher<FixedPending> {
         &self.inner.fixed_batcher
+    }
+
+    pub(crate) fn sliding_batcher(&self) -> &Batcher<SlidingPending> {
+        &self.inner.sliding_batcher
     }
 
     pub(crate) fn next_token(&self) -> u64 {
@@ -475,6 +482,9 @@ impl RedisStore {
         }
         if let Some(lean) = LeanFixed::of(hit)? {
             return self.decide_fixed(hit, lean).await;
+        }
+        if let Some(lean) = LeanSliding::of(hit)? {
+            return self.decide_sliding(hit, lean).await;
         }
         let keys: Vec<String> = hit
             .identifiers

@@ -16,8 +16,8 @@ use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
-    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LeanFixed, LeanGcra, TICK_NS, arguments,
-    batch_arguments,
+    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LeanFixed, LeanGcra, LeanSliding,
+    SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -45,6 +45,9 @@ enum Script {
     /// fixed_batch.lua: the vectors of one fixed-window leaf without a penalty, the same way,
     /// the decision made from the script's two integers.
     LeanFixed,
+    /// sliding_batch.lua: the vectors of one sliding-window leaf without a penalty, the same
+    /// way, the decision made from the script's three-integer verdict.
+    LeanSliding,
 }
 
 /// A lean script's hit, of either kind.
@@ -52,6 +55,7 @@ enum Script {
 enum Lean {
     Gcra(LeanGcra),
     Fixed(LeanFixed),
+    Sliding(LeanSliding),
 }
 
 /// Expiry of the keys this test writes (2100-01-01, in ms): a key still carrying it was not
@@ -98,6 +102,16 @@ fn lean_script_reproduces_every_single_leaf_gcra_vector() {
 #[test]
 fn lean_fixed_window_script_reproduces_every_single_leaf_fixed_window_vector() {
     lean_script_reproduces_its_vectors(Script::LeanFixed, FIXED_BATCH_LUA, "fixed-window", 20);
+}
+
+#[test]
+fn lean_sliding_window_script_reproduces_every_single_leaf_sliding_window_vector() {
+    lean_script_reproduces_its_vectors(
+        Script::LeanSliding,
+        SLIDING_BATCH_LUA,
+        "sliding-window",
+        20,
+    );
 }
 
 /// Runs every vector of `kind`'s shape through its lean script (`body`); at least `least`
@@ -196,12 +210,14 @@ fn check(
         Script::Full => None,
         Script::Lean => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
         Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
+        Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
     };
     // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
     // their own, of the same algorithm.
     let five_a_minute = Rate::new(5, Span::new(60, Unit::Second).unwrap()).unwrap();
     let algorithm = match lean {
         Some(Lean::Fixed(_)) => Algorithm::FixedWindow,
+        Some(Lean::Sliding(_)) => Algorithm::SlidingWindow,
         _ => Algorithm::Gcra,
     };
     let neighbour_quota =
@@ -229,6 +245,14 @@ fn check(
         }
         Some(Lean::Fixed(lean)) => {
             let neighbour = LeanFixed::of(&neighbour_hit).unwrap().expect("a lean hit");
+            text(batch_arguments(
+                [neighbour, lean, neighbour].map(|hit| hit.arguments()),
+            ))
+        }
+        Some(Lean::Sliding(lean)) => {
+            let neighbour = LeanSliding::of(&neighbour_hit)
+                .unwrap()
+                .expect("a lean hit");
             text(batch_arguments(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
@@ -293,6 +317,23 @@ fn check(
                 )]);
             }
             reply = match lean.decision(reply[2], reply[3]) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
+            };
+        }
+        Some(Lean::Sliding(lean)) => {
+            // A verdict per hit of the batch; the neighbours' keys were fresh, so each was
+            // admitted with 4 of its 5 left.
+            if reply.len() != 9
+                || reply[0] != 4
+                || reply[2] != -1
+                || reply[6..] != [4, reply[7], -1]
+            {
+                return Some(vec![format!(
+                    "batch reply {reply:?}: expected 3 verdicts, admitted around"
+                )]);
+            }
+            reply = match lean.decision([reply[3], reply[4], reply[5]]) {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };
