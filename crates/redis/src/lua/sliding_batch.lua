@@ -36,20 +36,35 @@ local first = 1 + sets * 5
 local only = nil
 if sets == 1 then only = params['1'] end
 
--- sliding.verdict on counts `c` (by number modulo g) whose newest sub-window is `newest`:
--- remaining, reset_after, retry (-1 now, -2 never, or ticks).
-local function verdict(c, newest, limit, sub, g, cost)
-  local current = (now - now % sub) / sub
+-- A state is the msgpack array itself, as cmsgpack.unpack gives it and cmsgpack.pack takes
+-- it: st[1] the newest sub-window written, st[2 + j] the count of sub-windows numbered j
+-- modulo G; nothing is copied between the stored form and the one the hits use.
+
+-- Zeros to build a fresh state from in one step ({unpack(zeros, 1, G + 1)}: one table sized
+-- once, where filling one slot after another would grow it four times).
+local zeros = {}
+local function fresh(g)
+  for j = #zeros + 1, g + 1 do zeros[j] = 0 end
+  return { unpack(zeros, 1, g + 1) }
+end
+
+-- sliding.verdict on state `st` at sub-window `current` (now // sub): remaining,
+-- reset_after, retry (-1 now, -2 never, or ticks). sw_count is 0 outside the sub-windows
+-- newest - G + 1 .. newest, so the loops run only where those meet the counted ones
+-- (oldest .. current); the retry loop can only stop after a count it takes off, so it
+-- skips the same sub-windows.
+local function verdict(st, limit, sub, g, cost, current)
+  local newest = st[1]
   local oldest = current + 1 - g
   if oldest < 0 then oldest = 0 end
+  local lo, hi = oldest, current
+  if newest - g + 1 > lo then lo = newest - g + 1 end
+  if newest < hi then hi = newest end
   local used, last = 0, nil
-  for n = oldest, current do
-    -- sw_count: 0 outside the sub-windows `newest` still holds.
-    if n <= newest and n + g > newest then
-      local k = c[n % g]
-      used = used + k
-      if k > 0 then last = n end
-    end
+  for n = lo, hi do
+    local k = st[2 + n % g]
+    used = used + k
+    if k > 0 then last = n end
   end
   local total = used + cost
   if total <= limit then
@@ -61,14 +76,12 @@ local function verdict(c, newest, limit, sub, g, cost)
   local retry = -2
   if cost <= limit then
     local left, retry_at = used, now
-    for n = oldest, current do
+    for n = lo, hi do
       if left + cost <= limit then break end
-      if n <= newest and n + g > newest then
-        local k = c[n % g]
-        if k > 0 then
-          left = left - k
-          retry_at = (n + g) * sub
-        end
+      local k = st[2 + n % g]
+      if k > 0 then
+        left = left - k
+        retry_at = (n + g) * sub
       end
     end
     retry = retry_at - now
@@ -81,53 +94,53 @@ local function verdict(c, newest, limit, sub, g, cost)
 end
 
 local out = {}
--- Every key read in one command; a key named again later in the batch reads what the hits
--- before it recorded (`counts`, `newests`: each recorded key's state, `subs` its sub-window
--- length; `order`: those keys, each once).
+-- Every key read in one command. Each key's state, once read or recorded, is kept for the
+-- batch's later hits (`states`, with its G in `gs`); a key recorded is in `order` once, with
+-- its sub-window length in `subs`.
 local read = redis.call('MGET', unpack(KEYS))
-local counts, newests, subs, order = {}, {}, {}, {}
+local states, gs, subs, order = {}, {}, {}, {}
 for i = 1, #KEYS do
   local p = only or params[ARGV[first + i]]
   local cost, recording, limit, sub, g = p[1], p[2], p[3], p[4], p[5]
   local key = KEYS[i]
-  -- sliding.load: the state recorded earlier in the batch, else the one read. One recorded
-  -- with another G is taken as fresh, as the full script takes what it saved for another
-  -- quota (it is replaced only if this hit records).
-  local c, newest = counts[key], newests[key]
-  if c == nil or c.g ~= g then
-    local raw = nil
-    if c == nil then raw = read[i] end
-    c, newest = { g = g }, 0
-    local ok, packed = false, nil
-    if raw then ok, packed = pcall(cmsgpack.unpack, raw) end
-    if ok and type(packed) == 'table' and #packed == g + 1 then
-      newest = packed[1]
-      for j = 1, g do c[j - 1] = packed[j + 1] end
+  -- sliding.load: the state recorded earlier in the batch, else the one read (kept for the
+  -- next hit of the same G). A state of another G is taken as fresh, as the full script
+  -- takes what it saved for another quota.
+  local st = states[key]
+  if gs[key] ~= g then
+    if subs[key] ~= nil then
+      st = fresh(g)
     else
-      for j = 0, g - 1 do c[j] = 0 end
+      local raw = read[i]
+      local ok, packed = false, nil
+      if raw then ok, packed = pcall(cmsgpack.unpack, raw) end
+      if ok and type(packed) == 'table' and #packed == g + 1 then st = packed else st = fresh(g) end
+      states[key], gs[key] = st, g
     end
   end
-  local remaining, reset_after, retry = verdict(c, newest, limit, sub, g, cost)
+  local current = (now - now % sub) / sub
+  local remaining, reset_after, retry = verdict(st, limit, sub, g, cost, current)
   -- Recorded when admitted unless recording is `never`; denied only when it is `always`,
   -- and never a cost above the limit.
   if (recording == 0 and retry == -1) or (recording == 1 and retry ~= -2) then
     -- sliding.record
-    local current = (now - now % sub) / sub
+    local newest = st[1]
     if current > newest then
       local stale = current - newest
       if stale > g then stale = g end
-      for n = current + 1 - stale, current do c[n % g] = 0 end
+      for n = current + 1 - stale, current do st[2 + n % g] = 0 end
       newest = current
+      st[1] = current
     end
-    local slot = newest % g
-    local total = c[slot] + cost
+    local slot = 2 + newest % g
+    local total = st[slot] + cost
     if total > limit * 2 then total = limit * 2 end
-    c[slot] = total
-    if counts[key] == nil then order[#order + 1] = key end
-    counts[key], newests[key], subs[key] = c, newest, sub
+    st[slot] = total
+    if subs[key] == nil then order[#order + 1] = key end
+    states[key], gs[key], subs[key] = st, g, sub
     if retry ~= -1 then
       -- A counted denial lengthens the wait: the recorded state's verdict, when it denies.
-      local r2, a2, t2 = verdict(c, newest, limit, sub, g, cost)
+      local r2, a2, t2 = verdict(st, limit, sub, g, cost, current)
       if t2 ~= -1 then remaining, reset_after, retry = r2, a2, t2 end
     end
   end
@@ -138,13 +151,13 @@ end
 -- command, or the key deleted when nothing in it is still counted.
 for j = 1, #order do
   local key = order[j]
-  local c, newest, sub = counts[key], newests[key], subs[key]
-  local g = c.g
+  local st, g, sub = states[key], gs[key], subs[key]
+  local newest = st[1]
   local expires_at = 0
   for back = 0, g - 1 do
     local n = newest - back
     if n < 0 then break end
-    if c[n % g] > 0 then
+    if st[2 + n % g] > 0 then
       expires_at = (n + g) * sub
       break
     end
@@ -152,10 +165,8 @@ for j = 1, #order do
   if expires_at <= now then
     redis.call('DEL', key)
   else
-    local packed = { newest }
-    for k = 0, g - 1 do packed[k + 2] = c[k] end
     local left = expires_at - now + 999
-    redis.call('SET', key, cmsgpack.pack(packed), 'PX', format('%d', (left - left % 1000) / 1000))
+    redis.call('SET', key, cmsgpack.pack(st), 'PX', format('%d', (left - left % 1000) / 1000))
   end
 end
 return out
