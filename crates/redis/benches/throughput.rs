@@ -12,8 +12,9 @@
 //! repository), a second redis-server loads that module and `CL.THROTTLE` runs under
 //! redis-benchmark beside the scripts, pinned to the same core. `SLUICE_BENCH_SCRIPTS=
 //! sluice_lean_batch_16,redis_cell_throttle` (names as in the output) runs only those beside
-//! the store. `SLUICE_BENCH_ALGORITHM=fixed-window` makes the store's leaf a fixed window
-//! (the scripts beside it stay GCRA's).
+//! the store. `SLUICE_BENCH_ALGORITHM=fixed-window` (or `sliding-window`, 10 sub-windows)
+//! makes the store's leaf a fixed window (a sliding window); the scripts beside it stay
+//! GCRA's.
 //!
 //! The store keeps 50 requests in flight over its one multiplexed connection (so its requests
 //! are pipelined); redis-benchmark uses 50 connections. Redis CPU per decision is the
@@ -157,14 +158,20 @@ fn main() {
     // 10^6 per second per key: every hit is admitted, so every side takes the write path.
     let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
     let quota = Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::Gcra).unwrap();
-    // `SLUICE_BENCH_ALGORITHM=fixed-window`: the store decides with a fixed-window leaf of
-    // the same rate (1,000,000 a 1 s window) instead; redis-benchmark's scripts stay GCRA's.
+    // `SLUICE_BENCH_ALGORITHM=fixed-window` or `sliding-window`: the store decides with a
+    // leaf of that algorithm and the same rate (1,000,000 a 1 s window; a sliding window in
+    // its default 10 sub-windows) instead; redis-benchmark's scripts stay GCRA's.
     let store_quota = match std::env::var("SLUICE_BENCH_ALGORITHM").as_deref() {
         Err(_) | Ok("gcra") => quota,
         Ok("fixed-window") => {
             Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::FixedWindow).unwrap()
         }
-        Ok(other) => panic!("SLUICE_BENCH_ALGORITHM: gcra or fixed-window, not {other:?}"),
+        Ok("sliding-window") => {
+            Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::SlidingWindow).unwrap()
+        }
+        Ok(other) => {
+            panic!("SLUICE_BENCH_ALGORITHM: gcra, fixed-window or sliding-window, not {other:?}")
+        }
     };
 
     // The calls the store makes, as redis-benchmark arguments.
