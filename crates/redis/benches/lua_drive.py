@@ -14,6 +14,7 @@ writes DIR/done. Scenarios:
              server must have loaded redis-cell)
   cell-many  the same, each on a random one of 1,000,000 keys
   fixed-1    16 fixed-window hits per call through the lean fixed-window script, one key
+             (sent as the key once and a count)
   fixed-many the same, each on a random one of 1,000,000 keys
   full-fixed-1    16 fixed-window decisions per call through the whole decision script, as
                   the store runs every rule but the lean shapes: a Redis Function (FCALL,
@@ -23,7 +24,7 @@ writes DIR/done. Scenarios:
   full-gcra-many  single-leaf GCRA through the whole script, 1,000,000 keys (what the
                   lean script spares)
   sliding-1  16 sliding-window hits per call (10 sub-windows) through the lean
-             sliding-window script, one key
+             sliding-window script, one key (sent as the key once and a count)
   sliding-many the same, each on a random one of 1,000,000 keys
   full-sliding-1, full-sliding-many  the same sliding window through the whole script
 """
@@ -106,6 +107,9 @@ elif scenario.startswith("fixed"):
     params = [1, 1, 0, 1_000_000_000, 60_000_000]
 
     def call():
+        if not many:
+            # The hits of one key and one set go as the key once and their number.
+            return client.evalsha(sha, 1, "bench:fixed", *params, 16)
         keys = [key(many, "bench:fixed") for _ in range(16)]
         return client.evalsha(sha, 16, *keys, *params)
 
@@ -117,6 +121,8 @@ elif scenario.startswith("sliding"):
     params = [1, 1, 0, 1_000_000_000, 6_000_000, 10]
 
     def call():
+        if not many:
+            return client.evalsha(sha, 1, "bench:sliding", *params, 16)
         keys = [key(many, "bench:sliding") for _ in range(16)]
         return client.evalsha(sha, 16, *keys, *params)
 

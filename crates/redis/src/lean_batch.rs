@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 
 use crate::RedisError;
 use crate::batch::{Answer, Batched};
-use crate::script::{Lua, batch_arguments};
+use crate::script::{Lua, batch_call};
 use crate::store::RedisStore;
 
 /// One queued lean hit: its key, its `A` arguments, its slot (Cluster), the script that
@@ -51,8 +51,11 @@ async fn send<const A: usize, const R: usize>(store: &RedisStore, batch: Vec<Lea
     let Some(script) = batch.first().map(|pending| pending.script) else {
         return;
     };
-    let keys: Vec<&str> = batch.iter().map(|pending| pending.key.as_str()).collect();
-    let arguments = batch_arguments(batch.iter().map(|pending| pending.arguments));
+    let (keys, arguments) = batch_call(
+        batch
+            .iter()
+            .map(|pending| (pending.key.as_str(), pending.arguments)),
+    );
     let result: Result<Vec<i64>, RedisError> = store.eval(script, &keys, &arguments).await;
     match result {
         Ok(replies) if replies.len() == R * batch.len() => {

@@ -514,15 +514,15 @@ pub fn batch_arguments<const N: usize>(hits: impl IntoIterator<Item = [u64; N]>)
     args
 }
 
-/// KEYS and ARGV for [`GCRA_BATCH`] deciding `hits` (each its key and
-/// [`LeanGcra::arguments`]) in order: one key per hit and [`batch_arguments`]; or, when the
-/// hits share one key and one parameter set (a limit every caller hits), the key once and
-/// the number of hits after the set, which spares Redis a quarter of its instructions per
-/// hit (`benches/lua_instructions.sh`).
-pub fn batch_call<'k>(
-    hits: impl IntoIterator<Item = (&'k str, [u64; 5])>,
+/// KEYS and ARGV for a lean script ([`GCRA_BATCH`], [`FIXED_BATCH`], [`SLIDING_BATCH`])
+/// deciding `hits` (each its key and its arguments) in order: one key per hit and
+/// [`batch_arguments`]; or, when the hits share one key and one parameter set (a limit
+/// every caller hits), the key once and the number of hits after the set, which spares
+/// Redis a quarter of its instructions per hit (`benches/lua_instructions.sh`).
+pub fn batch_call<'k, const N: usize>(
+    hits: impl IntoIterator<Item = (&'k str, [u64; N])>,
 ) -> (Vec<&'k str>, Vec<u64>) {
-    let (keys, sets): (Vec<&str>, Vec<[u64; 5]>) = hits.into_iter().unzip();
+    let (keys, sets): (Vec<&str>, Vec<[u64; N]>) = hits.into_iter().unzip();
     let count = keys.len();
     let mut arguments = batch_arguments(sets);
     if count > 1 && arguments[0] == 1 && keys.iter().all(|key| *key == keys[0]) {

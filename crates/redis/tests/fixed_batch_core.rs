@@ -11,7 +11,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, batch_arguments, micro};
+use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, batch_call, micro};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
@@ -72,7 +72,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     // Seeded, so every run replays the same hits.
     let mut rng = Rng(0x5eed);
     let (mut now, mut hits, mut denied, mut repeats) = (1_000_000, 0, 0, 0);
-    let (mut new_windows, mut never) = (0u64, 0u64);
+    let (mut new_windows, mut never, mut one_key_calls) = (0u64, 0u64, 0u64);
 
     for batch in 0..400 {
         // Time moves by up to 0.4 s between batches: 1 s windows end often, 10 s ones now
@@ -93,14 +93,15 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
                 _ => sent.push((key, cost, recording)),
             }
         }
-        let mut args = batch_arguments(
-            sent.iter()
-                .map(|&(key, cost, recording)| lean(quotas[key], cost, recording).arguments()),
-        );
+        // As the store sends them: a hot key's batch as the key once and a count of hits.
+        let (call_keys, mut args) = batch_call(sent.iter().map(|&(key, cost, recording)| {
+            (keys[key], lean(quotas[key], cost, recording).arguments())
+        }));
+        one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
         args.push(now);
         let mut invocation = script.prepare_invoke();
-        for &(key, ..) in &sent {
-            invocation.key(keys[key]);
+        for key in &call_keys {
+            invocation.key(*key);
         }
         for arg in &args {
             invocation.arg(*arg);
@@ -190,4 +191,5 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     assert!(repeats > 200, "only {repeats} repeated writes in a batch");
     assert!(new_windows > 50, "only {new_windows} new 1 s windows");
     assert!(never > 20, "only {never} counted hits above their limit");
+    assert!(one_key_calls > 50, "only {one_key_calls} calls of one key");
 }

@@ -12,7 +12,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{LeanSliding, SLIDING_BATCH_LUA, batch_arguments, micro};
+use sluice_redis::script::{LeanSliding, SLIDING_BATCH_LUA, batch_call, micro};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
@@ -98,6 +98,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let mut rng = Rng(0x51d3);
     let (mut now, mut hits, mut denied, mut repeats) = (1_000_000, 0, 0, 0);
     let (mut never, mut switched, mut retries, mut back) = (0u64, 0u64, 0u64, 0u64);
+    let mut one_key_calls = 0u64;
 
     for batch in 0..400 {
         // Time moves by up to 0.4 s between batches: sub-windows of 0.2-0.33 s end often,
@@ -122,14 +123,16 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
                 _ => sent.push((which, cost, recording)),
             }
         }
-        let mut args = batch_arguments(
-            sent.iter()
-                .map(|&(which, cost, recording)| lean(quotas[which], cost, recording).arguments()),
-        );
+        // As the store sends them: a hot key's batch as the key once and a count of hits.
+        let (call_keys, mut args) = batch_call(sent.iter().map(|&(which, cost, recording)| {
+            let arguments = lean(quotas[which], cost, recording).arguments();
+            (keys[key_of[which]], arguments)
+        }));
+        one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
         args.push(now);
         let mut invocation = script.prepare_invoke();
-        for &(which, ..) in &sent {
-            invocation.key(keys[key_of[which]]);
+        for key in &call_keys {
+            invocation.key(*key);
         }
         for arg in &args {
             invocation.arg(*arg);
@@ -240,6 +243,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     );
     assert!(never > 20, "only {never} counted hits above their limit");
     assert!(back >= 40, "time stepped back only {back} times");
+    assert!(one_key_calls > 50, "only {one_key_calls} calls of one key");
 }
 
 /// A reply no verdict of the quota can give (a wrong script, a wrong server) is an error,

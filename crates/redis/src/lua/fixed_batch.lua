@@ -29,23 +29,28 @@ for s = 1, sets do
     tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]) }
 end
 local first = 1 + sets * 4
-local only = nil
-if sets == 1 then only = params['1'] end
+-- The one set every hit has, when the hits do not name theirs; the one key every hit
+-- names, when KEYS holds it once (and the hits' number follows the set).
+local only, one, hits = nil, nil, #KEYS
+if sets == 1 then
+  only = params['1']
+  if #ARGV > first then one, hits = KEYS[1], tonumber(ARGV[first + 1]) end
+end
 local out = {}
 -- Every key read in one command; a key named again later in the batch reads what the hits
 -- before it recorded (`windows`, `counts`: each recorded key's state; `lengths`: its window
 -- length; `order`: those keys, each once).
 local read = redis.call('MGET', unpack(KEYS))
 local windows, counts, lengths, order = {}, {}, {}, {}
-for i = 1, #KEYS do
+for i = 1, hits do
   local p = only or params[ARGV[first + i]]
   local cost, recording, limit, length = p[1], p[2], p[3], p[4]
-  local key = KEYS[i]
+  local key = one or KEYS[i]
   -- fixed.load
   local window, count = windows[key], counts[key]
   if window == nil then
     window, count = 0, 0
-    local raw = read[i]
+    local raw = read[one and 1 or i]
     if raw then
       local w, c = string.match(raw, '^(%d+):(%d+)$')
       if w then window, count = tonumber(w), tonumber(c) end

@@ -13,7 +13,8 @@
 -- KEYS: one per hit, the leaf's key. ARGV: the number of parameter sets S, then S sets of
 -- five (cost, recording (0 admitted, 1 always, 2 never), limit, sub-window length in ticks,
 -- sub-windows G), then one per hit, in KEYS' order: the number of its set (from 1), left out
--- when S is 1.
+-- when S is 1. When S is 1 and every hit names one key (a limit every caller hits), KEYS
+-- holds that key once and ARGV ends with the number of hits.
 -- Reply: three integers per hit, its verdict: remaining, reset_after, and retry (-1: now,
 -- the hit was admitted; -2: never, its cost exceeds the limit; otherwise the ticks to wait).
 -- Unlike gcra_batch.lua and fixed_batch.lua, the script answers the verdict itself: it
@@ -33,8 +34,13 @@ for s = 1, sets do
     tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]) }
 end
 local first = 1 + sets * 5
-local only = nil
-if sets == 1 then only = params['1'] end
+-- The one set every hit has, when the hits do not name theirs; the one key every hit
+-- names, when KEYS holds it once (and the hits' number follows the set).
+local only, one, hits = nil, nil, #KEYS
+if sets == 1 then
+  only = params['1']
+  if #ARGV > first then one, hits = KEYS[1], tonumber(ARGV[first + 1]) end
+end
 
 -- A state is the msgpack array itself, as cmsgpack.unpack gives it and cmsgpack.pack takes
 -- it: st[1] the newest sub-window written, st[2 + j] the count of sub-windows numbered j
@@ -99,10 +105,10 @@ local out = {}
 -- its sub-window length in `subs`.
 local read = redis.call('MGET', unpack(KEYS))
 local states, gs, subs, order = {}, {}, {}, {}
-for i = 1, #KEYS do
+for i = 1, hits do
   local p = only or params[ARGV[first + i]]
   local cost, recording, limit, sub, g = p[1], p[2], p[3], p[4], p[5]
-  local key = KEYS[i]
+  local key = one or KEYS[i]
   -- sliding.load: the state recorded earlier in the batch, else the one read (kept for the
   -- next hit of the same G). A state of another G is taken as fresh, as the full script
   -- takes what it saved for another quota.
@@ -111,7 +117,7 @@ for i = 1, #KEYS do
     if subs[key] ~= nil then
       st = fresh(g)
     else
-      local raw = read[i]
+      local raw = read[one and 1 or i]
       local ok, packed = false, nil
       if raw then ok, packed = pcall(cmsgpack.unpack, raw) end
       if ok and type(packed) == 'table' and #packed == g + 1 then st = packed else st = fresh(g) end
