@@ -92,6 +92,7 @@
 
 mod batch;
 mod error;
+mod lean;
 mod lean_batch;
 mod lease_batch;
 mod leases;

@@ -1,0 +1,266 @@
+//! The lean shapes: hits the Redis store decides through a lean batched script instead of
+//! the whole decision script (one GCRA, fixed-window or sliding-window leaf without a
+//! penalty), their arguments, their decisions from each script's reply, and the KEYS and
+//! ARGV of a batch of them.
+
+use sluice_core::{Algorithm, Decision, Quota, Recording, Retry, Shape, State, Verdict};
+use sluice_limiter::Hit;
+
+use crate::RedisError;
+use crate::script::{TICK_NS, micro, recording_code};
+
+/// The quota of `hit` when it has a lean script's shape: one leaf of `algorithm`, one
+/// identifier, no penalty.
+fn lean_quota<'h>(hit: &'h Hit<'_>, algorithm: Algorithm) -> Option<&'h Quota> {
+    let ev = &hit.evaluation;
+    match (ev.quotas, hit.identifiers, ev.shape, ev.penalty) {
+        ([quota], [_], Shape::Leaf(0), None) if quota.algorithm() == algorithm => Some(quota),
+        _ => None,
+    }
+}
+
+/// A hit of the lean script's shape (one leaf, GCRA, no penalty): its ARGV for
+/// [`GCRA_BATCH`](crate::script::GCRA_BATCH), and its decision from the script's one-integer reply.
+#[derive(Debug, Clone, Copy)]
+pub struct LeanGcra {
+    /// The quota counted in microseconds.
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl LeanGcra {
+    /// `Some` when `hit` has the lean script's shape; `None` sends it to [`DECIDE`](crate::script::DECIDE).
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanGcra>, RedisError> {
+        let Some(quota) = lean_quota(hit, Algorithm::Gcra) else {
+            return Ok(None);
+        };
+        Ok(Some(LeanGcra {
+            quota: micro(quota)?,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
+        }))
+    }
+
+    /// The hit's five arguments: cost, recording, interval, burst, window (microseconds).
+    pub fn arguments(&self) -> [u64; 5] {
+        let q = &self.quota;
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            q.interval_ticks(),
+            q.burst(),
+            q.window_ticks(),
+        ]
+    }
+
+    /// The decision from the hit's reply, its debt before the hit (`max(tat, now) - now`).
+    /// GCRA's verdict depends on the TAT and `now` only through the debt, so the core's
+    /// GCRA at `now = 0` with `tat = debt` decides as the full script does; a denial counted
+    /// anyway (recording `always`) answers with the recorded state's verdict, as there.
+    pub fn decision(&self, debt: i64) -> Result<Decision, RedisError> {
+        let debt =
+            u64::try_from(debt).map_err(|_| RedisError::Reply(format!("negative debt {debt}")))?;
+        let (q, cost) = (&self.quota, self.cost);
+        let mut verdict = q.gcra_verdict(debt, 0, cost);
+        if !verdict.allowed && verdict.retry != Retry::Never && recording_code(self.recording) == 1
+        {
+            verdict = q.gcra_verdict(q.gcra_record(debt, 0, cost), 0, cost);
+        }
+        Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
+    }
+}
+
+/// A hit of the lean fixed-window script's shape (one leaf, fixed window, no penalty): its
+/// ARGV for [`FIXED_BATCH`](crate::script::FIXED_BATCH), and its decision from the script's two-integer reply.
+#[derive(Debug, Clone, Copy)]
+pub struct LeanFixed {
+    /// The quota counted in microseconds.
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl LeanFixed {
+    /// `Some` when `hit` has the lean fixed-window shape; `None` sends it elsewhere.
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanFixed>, RedisError> {
+        let Some(quota) = lean_quota(hit, Algorithm::FixedWindow) else {
+            return Ok(None);
+        };
+        Ok(Some(LeanFixed {
+            quota: micro(quota)?,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
+        }))
+    }
+
+    /// The hit's four arguments: cost, recording, limit, window length (microseconds).
+    pub fn arguments(&self) -> [u64; 4] {
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            self.quota.limit(),
+            self.quota.window_ticks(),
+        ]
+    }
+
+    /// The decision from the hit's reply: the count its window held before it (`used`) and
+    /// the time to the window's end (`left`, in `(0, length]`). The core's fixed window
+    /// depends on the time only through that, so it decides at `length - left` in window 0
+    /// as the full script does at `now`; a denial counted anyway (recording `always`)
+    /// answers with the recorded state's verdict, as there.
+    pub fn decision(&self, used: i64, left: i64) -> Result<Decision, RedisError> {
+        let (q, cost) = (&self.quota, self.cost);
+        let length = q.window_ticks();
+        let (used, left) = match (u64::try_from(used), u64::try_from(left)) {
+            (Ok(used), Ok(left)) if left > 0 && left <= length => (used, left),
+            _ => {
+                return Err(RedisError::Reply(format!(
+                    "fixed window reply {used}, {left} for a window of {length}"
+                )));
+            }
+        };
+        let now = length - left;
+        let mut state = State::FixedWindow {
+            window: 0,
+            count: used,
+        };
+        let mut verdict = q.verdict(&state, now, cost);
+        if !verdict.allowed && verdict.retry != Retry::Never && recording_code(self.recording) == 1
+        {
+            q.record(&mut state, now, cost);
+            let after = q.verdict(&state, now, cost);
+            if !after.allowed {
+                verdict = after;
+            }
+        }
+        Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
+    }
+}
+
+/// A hit of the lean sliding-window script's shape (one leaf, sliding window, no penalty):
+/// its ARGV for [`SLIDING_BATCH`](crate::script::SLIDING_BATCH), and its decision from the script's three-integer reply.
+#[derive(Debug, Clone, Copy)]
+pub struct LeanSliding {
+    /// The quota counted in microseconds.
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl LeanSliding {
+    /// `Some` when `hit` has the lean sliding-window shape; `None` sends it elsewhere.
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanSliding>, RedisError> {
+        let Some(quota) = lean_quota(hit, Algorithm::SlidingWindow) else {
+            return Ok(None);
+        };
+        Ok(Some(LeanSliding {
+            quota: micro(quota)?,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
+        }))
+    }
+
+    /// The hit's five arguments: cost, recording, limit, sub-window length (microseconds),
+    /// sub-windows.
+    pub fn arguments(&self) -> [u64; 5] {
+        let q = &self.quota;
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            q.limit(),
+            q.sub_window_ticks(),
+            u64::from(q.windows()),
+        ]
+    }
+
+    /// The decision from the hit's reply, the script's verdict: `remaining`, `reset_after`
+    /// and `retry` (-1 now: admitted; -2 never; otherwise the ticks to wait). A reply no
+    /// verdict of this quota can give is an error, never an admission.
+    pub fn decision(
+        &self,
+        [remaining, reset_after, retry]: [i64; 3],
+    ) -> Result<Decision, RedisError> {
+        let q = &self.quota;
+        let limit = q.limit();
+        let wrong = || {
+            RedisError::Reply(format!(
+                "sliding window reply {remaining}, {reset_after}, {retry} for a limit of {limit}"
+            ))
+        };
+        let remaining = u64::try_from(remaining)
+            .ok()
+            .filter(|r| *r <= limit)
+            .ok_or_else(wrong)?;
+        let reset_after = u64::try_from(reset_after).map_err(|_| wrong())?;
+        let retry = match retry {
+            -1 => Retry::Now,
+            -2 => Retry::Never,
+            after => Retry::After(u64::try_from(after).map_err(|_| wrong())?),
+        };
+        let verdict = Verdict {
+            allowed: retry == Retry::Now,
+            limit,
+            remaining,
+            reset_after,
+            retry,
+        };
+        Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
+    }
+}
+
+/// ARGV for [`GCRA_BATCH`](crate::script::GCRA_BATCH) deciding hits of these arguments ([`LeanGcra::arguments`]) in
+/// order, or for [`FIXED_BATCH`](crate::script::FIXED_BATCH) ([`LeanFixed::arguments`]): the distinct sets, then each
+/// hit's set number, left out when there is one set (Redis then parses and the script reads
+/// one argument a hit fewer).
+pub fn batch_arguments<const N: usize>(hits: impl IntoIterator<Item = [u64; N]>) -> Vec<u64> {
+    let mut sets: Vec<[u64; N]> = Vec::new();
+    let mut numbers = Vec::new();
+    for hit in hits {
+        let number = match sets.iter().position(|set| *set == hit) {
+            Some(i) => i,
+            None => {
+                sets.push(hit);
+                sets.len() - 1
+            }
+        };
+        numbers.push(number as u64 + 1);
+    }
+    let mut args = Vec::with_capacity(1 + sets.len() * N + numbers.len());
+    args.push(sets.len() as u64);
+    let one = sets.len() == 1;
+    args.extend(sets.into_iter().flatten());
+    if !one {
+        args.extend(numbers);
+    }
+    args
+}
+
+/// KEYS and ARGV for a lean script ([`GCRA_BATCH`](crate::script::GCRA_BATCH), [`FIXED_BATCH`](crate::script::FIXED_BATCH), [`SLIDING_BATCH`](crate::script::SLIDING_BATCH))
+/// deciding `hits` (each its key and its arguments) in order: one key per hit and
+/// [`batch_arguments`]; or, when the hits share one key and one parameter set (a limit
+/// every caller hits), the key once and the number of hits after the set, which spares
+/// Redis a quarter of its instructions per hit (`benches/lua_instructions.sh`).
+pub fn batch_call<'k, const N: usize>(
+    hits: impl IntoIterator<Item = (&'k str, [u64; N])>,
+) -> (Vec<&'k str>, Vec<u64>) {
+    let (keys, sets): (Vec<&str>, Vec<[u64; N]>) = hits.into_iter().unzip();
+    let count = keys.len();
+    let mut arguments = batch_arguments(sets);
+    if count > 1 && arguments[0] == 1 && keys.iter().all(|key| *key == keys[0]) {
+        arguments.push(count as u64);
+        return (vec![keys[0]], arguments);
+    }
+    (keys, arguments)
+}
+
+/// ARGV for [`GCRA_BATCH`](crate::script::GCRA_BATCH) deciding `hit` alone, as text; `None` when `hit` does not have
+/// the lean shape (see [`LeanGcra`]).
+pub fn gcra_one_arguments(hit: &Hit<'_>) -> Result<Option<Vec<String>>, RedisError> {
+    Ok(LeanGcra::of(hit)?.map(|lean| {
+        batch_arguments([lean.arguments()])
+            .iter()
+            .map(u64::to_string)
+            .collect()
+    }))
+}
