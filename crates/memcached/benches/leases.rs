@@ -17,7 +17,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
-use sluice_testkit::bench::{OneLeaf, calls_per_second, decisions_per_second, median};
+use sluice_testkit::bench::{BenchRule, calls_per_second, decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(2);
@@ -33,7 +33,7 @@ async fn pairs_per_second(
     calls_per_second(CALLERS, ROUND, |caller, round| {
         let (store, id) = (stores[caller % stores.len()].clone(), id.clone());
         async move {
-            let rule = OneLeaf::new(quota);
+            let rule = BenchRule::one_leaf(quota);
             let quotas = [quota];
             let keys = LeaseKeys {
                 identifiers: &id[..],

@@ -10,7 +10,7 @@ use sluice_limiter::{
 };
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 use sluice_testkit::vectors::u;
 
 const VECTORS: &str = include_str!("../../core/tests/concurrency_vectors.json");
@@ -59,7 +59,7 @@ fn replays_the_shared_concurrency_vectors() {
             let leaf = Leaf::concurrent(u(&vector["limit"]), Span::new(lease_s, Unit::Second).ok())
                 .expect("a concurrency leaf");
             let quota = Quota::from_leaf(&leaf, Algorithm::Gcra).expect("a quota");
-            let rule = OneLeaf::new(quota);
+            let rule = BenchRule::one_leaf(quota);
             let id = [Identifier::new(format!("vectors:case{case}:concurrent"))];
             let quotas = [quota];
             let keys = LeaseKeys {
@@ -239,7 +239,7 @@ fn abandoned_leases_are_dropped_and_counted() {
         let store = store(&server, &clock).await;
         let leaf = Leaf::concurrent(1, Span::new(60, Unit::Second).ok()).unwrap();
         let quota = Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap();
-        let rule = OneLeaf::new(quota);
+        let rule = BenchRule::one_leaf(quota);
         let id = [Identifier::new("abandoned:job:user:alice:1c")];
         let quotas = [quota];
         let keys = LeaseKeys {

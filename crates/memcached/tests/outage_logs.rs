@@ -8,7 +8,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, Store};
 use sluice_memcached::MemcachedStore;
 use sluice_testkit::MemcachedServer;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 use sluice_testkit::logs::Captured;
 
 /// A server that goes down is logged once, however many calls find it down (and however
@@ -24,7 +24,8 @@ async fn a_server_down_and_back_is_logged_once_each() {
         .await
         .expect("connect");
     let rate = Rate::new(100, Span::new(1, Unit::Hour).unwrap()).unwrap();
-    let rule = OneLeaf::new(Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap());
+    let rule =
+        BenchRule::one_leaf(Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingWindow).unwrap());
     let id = [Identifier::new("user:a")];
     let hit = || async { store.decide(&rule.hit(&id)).await };
     assert!(hit().await.is_ok());

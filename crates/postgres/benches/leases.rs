@@ -15,7 +15,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
 use sluice_postgres::PostgresStore;
 use sluice_testkit::PostgresServer;
-use sluice_testkit::bench::{OneLeaf, calls_per_second, decisions_per_second, median};
+use sluice_testkit::bench::{BenchRule, calls_per_second, decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(3);
@@ -30,7 +30,7 @@ async fn pairs_per_second(
     calls_per_second(CALLERS, ROUND, |caller, round| {
         let (store, keys) = (store.clone(), keys.clone());
         async move {
-            let rule = OneLeaf::new(quota);
+            let rule = BenchRule::one_leaf(quota);
             let quotas = [quota];
             let mut i = caller;
             let mut lease = (caller as u64) << 40;

@@ -10,7 +10,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, Store, StoreError};
 use sluice_postgres::PostgresStore;
 use sluice_testkit::PostgresServer;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 use sluice_testkit::proxy::{Fault, FaultProxy};
 
 const KEYS: usize = 5;
@@ -56,7 +56,7 @@ async fn batched_decisions_admit_exactly_the_limit_each_seeing_the_ones_before()
     for i in 0..KEYS * HITS_PER_KEY {
         let (store, keys) = (store.clone(), keys.clone());
         tasks.push(tokio::spawn(async move {
-            let rule = OneLeaf::new(quota());
+            let rule = BenchRule::one_leaf(quota());
             let key = i % KEYS;
             (key, store.decide(&rule.hit(&keys[key])).await)
         }));
@@ -93,7 +93,7 @@ async fn a_batch_whose_connection_dies_fails_every_decision_in_it() {
     );
     let store = PostgresStore::connect(&url).await.expect("connect");
     let key = [Identifier::new("batch:cut")];
-    let rule = OneLeaf::new(quota());
+    let rule = BenchRule::one_leaf(quota());
     assert!(store.decide(&rule.hit(&key)).await.expect("up").allowed());
     // Every connection, open or new, is closed from now on: no call reaches PostgreSQL.
     proxy.set(Fault::Reset);
@@ -102,7 +102,7 @@ async fn a_batch_whose_connection_dies_fails_every_decision_in_it() {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
             let key = [Identifier::new("batch:cut")];
-            let rule = OneLeaf::new(quota());
+            let rule = BenchRule::one_leaf(quota());
             store.decide(&rule.hit(&key)).await
         }));
     }

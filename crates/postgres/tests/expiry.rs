@@ -8,7 +8,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, Store};
 use sluice_postgres::PostgresStore;
 use sluice_testkit::PostgresServer;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 
 fn rows(server: &PostgresServer) -> usize {
     server
@@ -46,7 +46,7 @@ async fn flood(store: &PostgresStore, quota: Quota, prefix: &str, count: usize) 
     for t in 0..32 {
         let (store, ids) = (store.clone(), ids.clone());
         tasks.push(tokio::spawn(async move {
-            let rule = OneLeaf::new(quota);
+            let rule = BenchRule::one_leaf(quota);
             for i in (t..ids.len()).step_by(32) {
                 let d = store.decide(&rule.hit(&ids[i])).await.expect("a decision");
                 assert!(d.allowed());

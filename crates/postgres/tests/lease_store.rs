@@ -9,7 +9,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Settlement, Store};
 use sluice_postgres::PostgresStore;
 use sluice_testkit::PostgresServer;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 
 fn lease_rows(server: &PostgresServer) -> usize {
     server
@@ -37,7 +37,7 @@ async fn the_cleaner_deletes_an_abandoned_lease_once_it_expired() {
     let lease = Span::new(3, Unit::Second).unwrap();
     let leaf = Leaf::concurrent(2, Some(lease)).unwrap();
     let quota = Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap();
-    let rule = OneLeaf::new(quota);
+    let rule = BenchRule::one_leaf(quota);
     let ids = [Identifier::new("job:alice:concurrent".to_owned())];
     let keys = LeaseKeys {
         identifiers: &ids,
@@ -91,7 +91,7 @@ async fn reserve_answers_the_database_time_in_nanoseconds() {
     let store = store(&server).await;
     let rate = Rate::new(100, Span::new(1, Unit::Minute).unwrap()).unwrap();
     let quota = Quota::from_leaf(&Leaf::new(rate), Algorithm::Gcra).unwrap();
-    let rule = OneLeaf::new(quota);
+    let rule = BenchRule::one_leaf(quota);
     let ids = [Identifier::new("tokens:bob".to_owned())];
     let mut hit = rule.hit(&ids);
     hit.evaluation.cost = 40;

@@ -24,7 +24,7 @@ use sluice_core::{Algorithm, Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store};
 use sluice_redis::RedisStore;
 use sluice_testkit::RedisServer;
-use sluice_testkit::bench::{OneLeaf, calls_per_second, decisions_per_second, median};
+use sluice_testkit::bench::{BenchRule, calls_per_second, decisions_per_second, median};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(3);
@@ -78,7 +78,7 @@ async fn pairs_per_second(
     calls_per_second(callers, round, |caller, round| {
         let (store, sets) = (store.clone(), sets.clone());
         async move {
-            let rule = OneLeaf::new(quota);
+            let rule = BenchRule::one_leaf(quota);
             let quotas = [quota];
             let age_known = std::env::var("SLUICE_BENCH_LEASE_AGE").as_deref() != Ok("unknown");
             let mut n = 0u64;

@@ -27,6 +27,10 @@ writes DIR/done. Scenarios:
              sliding-window script, one key (sent as the key once and a count)
   sliding-many the same, each on a random one of 1,000,000 keys
   full-sliding-1, full-sliding-many  the same sliding window through the whole script
+  or-shared  16 hits per call of a rule of two GCRA leaves joined by `;` (`user:...;
+             ...`), through the lean `or` script: each hit a random one of 1,000,000 users'
+             keys and one key every hit shares
+  full-or-shared  the same rule through the whole script
 """
 
 import os
@@ -78,26 +82,51 @@ elif scenario.startswith("full"):
         replace=True,
     )
     many = scenario.endswith("-many")
-    # As src/script.rs's `arguments` sends one leaf: cost 1, recording admitted, shape
-    # "l0 ", a token, one quota (algorithm: 1 GCRA, 4 fixed window; limit; window; interval;
-    # burst; sub-windows), counted in microseconds; every decision admitted and written.
-    if "gcra" in scenario:
-        quota = [1, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
-    elif "sliding" in scenario:
-        quota = [2, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 10]
-    else:
-        quota = [4, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
     pipe = client.pipeline(transaction=False)
     token = [0]
+    # As src/script.rs's `arguments` sends a rule: cost 1, recording admitted, the shape
+    # ("l0 ", or "o2 l0 l1 " for two leaves joined by `;`), a token, the number of leaves
+    # and six numbers each (algorithm: 1 GCRA, 2 sliding window, 4 fixed window; limit;
+    # window; interval; burst; sub-windows), counted in microseconds; every decision
+    # admitted and written.
+    gcra = [1, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
+    if scenario == "full-or-shared":
+        # The user's leaf, then the one every hit shares.
+        def names():
+            return [2, key(True, "bench:or"), "bench:or:shared", 1, 0, "o2 l0 l1 "]
+
+        quotas = [2, *gcra, *gcra]
+    else:
+        def names():
+            return [1, key(many, "bench:full"), 1, 0, "l0 "]
+
+        if "gcra" in scenario:
+            quotas = [1, *gcra]
+        elif "sliding" in scenario:
+            quotas = [1, 2, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 10]
+        else:
+            quotas = [1, 4, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
 
     def call():
         for _ in range(16):
             token[0] += 1
             pipe.execute_command(
-                "FCALL", "sluice_bench_decide", 1, key(many, "bench:full"),
-                1, 0, "l0 ", format(token[0], "x"), 1, *quota,
+                "FCALL", "sluice_bench_decide", *names(), format(token[0], "x"), *quotas,
             )
         return pipe.execute()
+
+elif scenario == "or-shared":
+    sha = load("gcra_or_batch.lua")
+    # One parameter set (no per-hit set numbers): cost 1, recorded when admitted, two
+    # leaves of 1 µs interval and a burst and window so large that every hit is admitted
+    # and written; each hit names a random user's key, then the shared key.
+    params = [1, 1, 0, 2, 1, 1_000_000, 1_000_000, 1, 1_000_000, 1_000_000]
+
+    def call():
+        keys = []
+        for _ in range(16):
+            keys += [key(True, "bench:or"), "bench:or:shared"]
+        return client.evalsha(sha, 32, *keys, *params)
 
 elif scenario.startswith("fixed"):
     sha = load("fixed_batch.lua", ("redis_now.lua",))

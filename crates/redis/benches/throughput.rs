@@ -13,8 +13,9 @@
 //! redis-benchmark beside the scripts, pinned to the same core. `SLUICE_BENCH_SCRIPTS=
 //! sluice_lean_batch_16,redis_cell_throttle` (names as in the output) runs only those beside
 //! the store. `SLUICE_BENCH_ALGORITHM=fixed-window` (or `sliding-window`, 10 sub-windows)
-//! makes the store's leaf a fixed window (a sliding window); the scripts beside it stay
-//! GCRA's.
+//! makes the store's leaf a fixed window (a sliding window); `gcra-or` gives the store a
+//! rule of two GCRA leaves joined by `;`, the user's and one every hit shares (a global
+//! limit of 1,000,000,000 a second); the scripts beside it stay single-leaf GCRA's.
 //!
 //! The store keeps 50 requests in flight over its one multiplexed connection (so its requests
 //! are pipelined); redis-benchmark uses 50 connections. Redis CPU per decision is the
@@ -33,7 +34,7 @@ use sluice_redis::script::{
     ALGORITHMS_LUA, DECIDE, GCRA_BATCH, LeanGcra, arguments, batch_arguments, gcra_one_arguments,
 };
 use sluice_testkit::RedisServer;
-use sluice_testkit::bench::{OneLeaf, decisions_per_second, median};
+use sluice_testkit::bench::{BenchRule, median, rule_decisions_per_second};
 
 const CALLERS: usize = 50;
 const ROUND: Duration = Duration::from_secs(3);
@@ -71,11 +72,10 @@ fn benchmark_round(port: u16, depth: usize, keys: usize, requests: usize, call: 
 /// Latencies of one caller deciding alone for `round`, in microseconds: (p50, p99).
 async fn one_caller_latency(
     store: &RedisStore,
-    quota: Quota,
-    keys: &[[Identifier; 1]],
+    rule: &BenchRule,
+    keys: &[Vec<Identifier>],
     round: Duration,
 ) -> (f64, f64) {
-    let rule = OneLeaf::new(quota);
     let mut latencies = Vec::new();
     let started = Instant::now();
     let mut i = 0usize;
@@ -160,23 +160,28 @@ fn main() {
     let quota = Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::Gcra).unwrap();
     // `SLUICE_BENCH_ALGORITHM=fixed-window` or `sliding-window`: the store decides with a
     // leaf of that algorithm and the same rate (1,000,000 a 1 s window; a sliding window in
-    // its default 10 sub-windows) instead; redis-benchmark's scripts stay GCRA's.
-    let store_quota = match std::env::var("SLUICE_BENCH_ALGORITHM").as_deref() {
-        Err(_) | Ok("gcra") => quota,
-        Ok("fixed-window") => {
-            Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::FixedWindow).unwrap()
+    // its default 10 sub-windows) instead; `gcra-or`: with the GCRA leaf joined by `;` to a
+    // global one every hit shares. redis-benchmark's scripts stay single-leaf GCRA's.
+    let algorithm = std::env::var("SLUICE_BENCH_ALGORITHM");
+    let of = |algorithm| Quota::from_leaf(&Leaf::new(rate), algorithm).unwrap();
+    let store_rule = Arc::new(match algorithm.as_deref() {
+        Err(_) | Ok("gcra") => BenchRule::one_leaf(quota),
+        Ok("fixed-window") => BenchRule::one_leaf(of(sluice_core::Algorithm::FixedWindow)),
+        Ok("sliding-window") => BenchRule::one_leaf(of(sluice_core::Algorithm::SlidingWindow)),
+        Ok("gcra-or") => {
+            let global = Rate::new(1_000_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
+            let global = Quota::from_leaf(&Leaf::new(global), sluice_core::Algorithm::Gcra);
+            BenchRule::or(vec![quota, global.unwrap()])
         }
-        Ok("sliding-window") => {
-            Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::SlidingWindow).unwrap()
-        }
-        Ok(other) => {
-            panic!("SLUICE_BENCH_ALGORITHM: gcra, fixed-window or sliding-window, not {other:?}")
-        }
-    };
+        Ok(other) => panic!(
+            "SLUICE_BENCH_ALGORITHM: gcra, fixed-window, sliding-window or gcra-or, not {other:?}"
+        ),
+    });
+    let shared = algorithm.as_deref() == Ok("gcra-or");
 
     // The calls the store makes, as redis-benchmark arguments.
     let placeholder = [Identifier::new("x")];
-    let rule = OneLeaf::new(quota);
+    let rule = BenchRule::one_leaf(quota);
     let hit = rule.hit(&placeholder);
     let full_args = arguments(&hit, 1).unwrap();
     let lean_args = gcra_one_arguments(&hit)
@@ -209,14 +214,16 @@ fn main() {
         .block_on(RedisStore::connect(&redis.url()))
         .expect("connect");
     for (name, count) in [("keys_1", 1), ("keys_1000000", KEYS_MANY)] {
-        let keys: Arc<Vec<[Identifier; 1]>> = Arc::new(
+        let keys: Arc<Vec<Vec<Identifier>>> = Arc::new(
             (0..count)
                 .map(|i| {
-                    [Identifier::grouped(
+                    let user = Identifier::grouped(
                         &format!("bench:{name}:"),
                         &format!("user-{i}"),
                         ":1000000/s",
-                    )]
+                    );
+                    let global = Identifier::new(format!("bench:{name}:1000000000/s"));
+                    [user].into_iter().chain(shared.then_some(global)).collect()
                 })
                 .collect(),
         );
@@ -280,9 +287,9 @@ fn main() {
             let own = sluice_testkit::bench::cpu_seconds(None, false).expect("/proc/self/stat");
             let calls = redis.script_calls();
             let started = Instant::now();
-            let rate = runtime.block_on(decisions_per_second(
+            let rate = runtime.block_on(rule_decisions_per_second(
                 &store,
-                store_quota,
+                store_rule.clone(),
                 keys.clone(),
                 CALLERS,
                 ROUND,
@@ -296,10 +303,8 @@ fn main() {
             // The caller runs on the runtime's worker, as a request handler would: on this
             // thread every answer would wake it across threads, which is the machine's cost.
             let caller = {
-                let (store, keys) = (store.clone(), keys.clone());
-                runtime.spawn(
-                    async move { one_caller_latency(&store, store_quota, &keys, ROUND).await },
-                )
+                let (store, keys, rule) = (store.clone(), keys.clone(), store_rule.clone());
+                runtime.spawn(async move { one_caller_latency(&store, &rule, &keys, ROUND).await })
             };
             let (p50, p99) = runtime.block_on(caller).expect("the lone caller");
             p50s.push(p50);

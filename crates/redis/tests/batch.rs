@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use sluice_core::{Leaf, Quota, Rate, Span, Unit};
 use sluice_limiter::{Identifier, Store};
 use sluice_redis::RedisStore;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 use sluice_testkit::{RedisCluster, RedisServer};
 
 /// `count` per hour, a bucket of `count`: nothing refills during a test.
@@ -28,7 +28,7 @@ async fn decide_all_at_once(
         for (k, identifier) in keys.iter().enumerate() {
             let (store, identifier) = (store.clone(), [identifier.clone()]);
             tasks.push(tokio::spawn(async move {
-                let rule = OneLeaf::new(quota);
+                let rule = BenchRule::one_leaf(quota);
                 let decision = store.decide(&rule.hit(&identifier)).await;
                 (k, round, decision)
             }));
@@ -96,7 +96,7 @@ async fn a_cluster_batch_mixing_slots_decides_each_hit() {
     }
     // Two stores of one cluster share the counts: the keys are spent for the second too.
     let other = RedisStore::connect(&cluster.url()).await.expect("connect");
-    let rule = OneLeaf::new(per_hour(5));
+    let rule = BenchRule::one_leaf(per_hour(5));
     for key in &keys {
         let decision = other.decide(&rule.hit(std::slice::from_ref(key))).await;
         assert!(!decision.expect("a decision").allowed());

@@ -336,7 +336,7 @@ async fn a_thousand_resets_leak_no_connection() {
 async fn a_batch_whose_connection_fails_decides_nothing() {
     use sluice_core::{Leaf, Quota, Rate, Span, Unit};
     use sluice_limiter::{Identifier, Store, StoreError};
-    use sluice_testkit::bench::OneLeaf;
+    use sluice_testkit::bench::BenchRule;
 
     let redis = RedisServer::start().expect("redis-server");
     let upstream = format!("127.0.0.1:{}", redis.port()).parse().unwrap();
@@ -354,7 +354,9 @@ async fn a_batch_whose_connection_fails_decides_nothing() {
         let tasks: Vec<_> = (0..n)
             .map(|_| {
                 let (store, key) = (store.clone(), key.clone());
-                tokio::spawn(async move { store.decide(&OneLeaf::new(quota).hit(&key)).await })
+                tokio::spawn(
+                    async move { store.decide(&BenchRule::one_leaf(quota).hit(&key)).await },
+                )
             })
             .collect();
         async move {
@@ -373,7 +375,7 @@ async fn a_batch_whose_connection_fails_decides_nothing() {
 
     // What Redis recorded, read by a peek (cost 0) once the connection is back (waiting on
     // the client's real reconnection, within 5 s).
-    let rule = OneLeaf::new(quota);
+    let rule = BenchRule::one_leaf(quota);
     let mut peek = rule.hit(&key);
     peek.evaluation.cost = 0;
     let recorded = || async {

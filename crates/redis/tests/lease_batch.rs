@@ -9,7 +9,7 @@ use std::time::Duration;
 use sluice_core::{Algorithm, Leaf, Quota, Span, Unit};
 use sluice_limiter::{Identifier, LeaseKeys, Released, Store, StoreError};
 use sluice_redis::RedisStore;
-use sluice_testkit::bench::OneLeaf;
+use sluice_testkit::bench::BenchRule;
 use sluice_testkit::proxy::{Fault, FaultProxy};
 use sluice_testkit::{RedisCluster, RedisServer};
 
@@ -46,7 +46,7 @@ async fn acquire_all_at_once(
         for (k, identifier) in keys.iter().enumerate() {
             let (store, identifier) = (store.clone(), [identifier.clone()]);
             tasks.push(tokio::spawn(async move {
-                let rule = OneLeaf::new(quota);
+                let rule = BenchRule::one_leaf(quota);
                 (k, lease, store.acquire(&rule.hit(&identifier), lease).await)
             }));
         }
@@ -178,7 +178,7 @@ async fn acquires_and_releases_mixed_never_hold_more_than_the_limit() {
         let (store, key) = (store.clone(), key.clone());
         let (holding, most) = (holding.clone(), most.clone());
         tasks.push(tokio::spawn(async move {
-            let (rule, quotas) = (OneLeaf::new(quota), [quota]);
+            let (rule, quotas) = (BenchRule::one_leaf(quota), [quota]);
             let leases = LeaseKeys {
                 identifiers: &key,
                 quotas: &quotas,
@@ -257,9 +257,11 @@ async fn a_lease_batch_whose_connection_fails_answers_nothing() {
         let tasks: Vec<_> = (next_lease..next_lease + n)
             .map(|lease| {
                 let (store, key) = (store.clone(), [key.clone()]);
-                tokio::spawn(
-                    async move { store.acquire(&OneLeaf::new(quota).hit(&key), lease).await },
-                )
+                tokio::spawn(async move {
+                    store
+                        .acquire(&BenchRule::one_leaf(quota).hit(&key), lease)
+                        .await
+                })
             })
             .collect();
         next_lease += n;
@@ -335,7 +337,7 @@ async fn expired_leases_are_counted() {
         "one",
         ":3 concurrent lease=1s",
     )];
-    let rule = OneLeaf::new(quota);
+    let rule = BenchRule::one_leaf(quota);
     let quotas = [quota];
     // Held for no time by the holder's word: still, a lease of 1 s is within twice the
     // store's timeout of its expiry, so each release asks the lease's expiry and can
@@ -409,7 +411,7 @@ async fn a_release_far_from_expiry_does_not_ask_the_expiry() {
     let store = connect(&server.url()).await; // a timeout of 5 s
     let quota = concurrent(3, 60);
     let key = [Identifier::grouped("far:", "one", ":3 concurrent")];
-    let (rule, quotas) = (OneLeaf::new(quota), [quota]);
+    let (rule, quotas) = (BenchRule::one_leaf(quota), [quota]);
     let mut lease = 0;
     for (held_for, asks) in [
         (Some(Duration::ZERO), false),

@@ -16,8 +16,8 @@ use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
-    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LeanFixed, LeanGcra, LeanSliding,
-    SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
+    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, GCRA_OR_BATCH_LUA, LeanFixed, LeanGcra,
+    LeanGcraOr, LeanSliding, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments, or_batch_call,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -48,14 +48,18 @@ enum Script {
     /// sliding_batch.lua: the vectors of one sliding-window leaf without a penalty, the same
     /// way, the decision made from the script's three-integer verdict.
     LeanSliding,
+    /// gcra_or_batch.lua: the vectors of an `or` of GCRA leaves without a penalty, each hit
+    /// alone in its call, the decision made from the script's debt per leaf.
+    LeanOr,
 }
 
-/// A lean script's hit, of either kind.
-#[derive(Clone, Copy)]
+/// A lean script's hit, of any kind.
+#[derive(Clone)]
 enum Lean {
     Gcra(LeanGcra),
     Fixed(LeanFixed),
     Sliding(LeanSliding),
+    Or(LeanGcraOr),
 }
 
 /// Expiry of the keys this test writes (2100-01-01, in ms): a key still carrying it was not
@@ -102,6 +106,11 @@ fn lean_script_reproduces_every_single_leaf_gcra_vector() {
 #[test]
 fn lean_fixed_window_script_reproduces_every_single_leaf_fixed_window_vector() {
     lean_script_reproduces_its_vectors(Script::LeanFixed, FIXED_BATCH_LUA, "fixed-window", 20);
+}
+
+#[test]
+fn lean_or_script_reproduces_every_vector_of_an_or_of_gcra_leaves() {
+    lean_script_reproduces_its_vectors(Script::LeanOr, GCRA_OR_BATCH_LUA, "`or` of GCRA", 4);
 }
 
 #[test]
@@ -211,11 +220,12 @@ fn check(
         Script::Lean => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
         Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
         Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
+        Script::LeanOr => Some(Lean::Or(LeanGcraOr::of(&hit).expect("arguments")?)),
     };
     // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
     // their own, of the same algorithm.
     let five_a_minute = Rate::new(5, Span::new(60, Unit::Second).unwrap()).unwrap();
-    let algorithm = match lean {
+    let algorithm = match &lean {
         Some(Lean::Fixed(_)) => Algorithm::FixedWindow,
         Some(Lean::Sliding(_)) => Algorithm::SlidingWindow,
         _ => Algorithm::Gcra,
@@ -235,7 +245,7 @@ fn check(
     };
     let (before_key, after_key) = (format!("v{index}:before"), format!("v{index}:after"));
     let text = |args: Vec<u64>| args.iter().map(u64::to_string).collect();
-    let mut args: Vec<String> = match lean {
+    let mut args: Vec<String> = match lean.clone() {
         None => arguments(&hit, index as u64).expect("arguments"),
         Some(Lean::Gcra(lean)) => {
             let neighbour = LeanGcra::of(&neighbour_hit).unwrap().expect("a lean hit");
@@ -257,6 +267,10 @@ fn check(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
         }
+        Some(Lean::Or(lean)) => {
+            let ids: Vec<&str> = keys.iter().map(String::as_str).collect();
+            text(or_batch_call([(ids, lean.arguments())]).1)
+        }
     };
     args.push(case.now.to_string());
 
@@ -270,7 +284,10 @@ fn check(
         .map(String::as_str)
         .chain(penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
-    if lean.is_some() {
+    if matches!(
+        lean,
+        Some(Lean::Gcra(_) | Lean::Fixed(_) | Lean::Sliding(_))
+    ) {
         all_keys = vec![&before_key, all_keys[0], &after_key];
     }
     run.arg(all_keys.len()).arg(&all_keys).arg(&args);
@@ -297,6 +314,12 @@ fn check(
     let mut reply = ints(&replies.next().unwrap());
     match lean {
         None => {}
+        Some(Lean::Or(lean)) => {
+            reply = match lean.decision(&reply) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the debts: {e}")]),
+            };
+        }
         Some(Lean::Gcra(lean)) => {
             // One debt per hit of the batch; the neighbours' keys were fresh.
             if reply.len() != 3 || reply[0] != 0 || reply[2] != 0 {

@@ -1,5 +1,5 @@
-//! Throughput rounds for the stores' benchmarks, and the one-leaf hit they and some tests
-//! send straight to a store.
+//! Throughput rounds for the stores' benchmarks, and the hits they and some tests send
+//! straight to a store.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -35,25 +35,34 @@ pub fn cpu_seconds(pid: Option<u32>, children: bool) -> Option<f64> {
     Some((own + waited) / 100.0)
 }
 
-/// A single-leaf rule of one quota, cost 1, recorded when admitted: what a store sees for
-/// the simplest policy.
-pub struct OneLeaf {
+/// A rule as a store sees it, cost 1, recorded when admitted: one leaf (the simplest
+/// policy), or leaves joined by `;`.
+pub struct BenchRule {
     shape: Shape,
-    quotas: [Quota; 1],
+    quotas: Vec<Quota>,
 }
 
-impl OneLeaf {
-    pub fn new(quota: Quota) -> OneLeaf {
-        OneLeaf {
+impl BenchRule {
+    /// One leaf of `quota`.
+    pub fn one_leaf(quota: Quota) -> BenchRule {
+        BenchRule {
             shape: Shape::Leaf(0),
-            quotas: [quota],
+            quotas: vec![quota],
         }
     }
 
-    /// A hit of this rule on `identifier` (one element).
-    pub fn hit<'a>(&'a self, identifier: &'a [Identifier]) -> Hit<'a> {
+    /// Leaves of `quotas` joined by `;` (an `or`: denied when any would be exceeded).
+    pub fn or(quotas: Vec<Quota>) -> BenchRule {
+        BenchRule {
+            shape: Shape::Or((0..quotas.len()).map(Shape::Leaf).collect()),
+            quotas,
+        }
+    }
+
+    /// A hit of this rule on `identifiers` (one per leaf).
+    pub fn hit<'a>(&'a self, identifiers: &'a [Identifier]) -> Hit<'a> {
         Hit {
-            identifiers: identifier,
+            identifiers,
             evaluation: Evaluation {
                 shape: &self.shape,
                 quotas: &self.quotas,
@@ -119,16 +128,32 @@ pub async fn decisions_per_second<S: Store + Clone>(
     callers: usize,
     round: Duration,
 ) -> f64 {
+    let rule = Arc::new(BenchRule::one_leaf(quota));
+    rule_decisions_per_second(store, rule, keys, callers, round).await
+}
+
+/// [`decisions_per_second`] of any rule: each hit names one element of `keys` (one
+/// identifier per leaf of `rule`).
+pub async fn rule_decisions_per_second<S, K>(
+    store: &S,
+    rule: Arc<BenchRule>,
+    keys: Arc<Vec<K>>,
+    callers: usize,
+    round: Duration,
+) -> f64
+where
+    S: Store + Clone,
+    K: AsRef<[Identifier]> + Send + Sync + 'static,
+{
     let calls = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
     let rate = calls_per_second(callers, round, |caller, round| {
-        let (store, keys) = (store.clone(), keys.clone());
+        let (store, keys, rule) = (store.clone(), keys.clone(), rule.clone());
         let (calls, admitted) = (calls.clone(), admitted.clone());
         async move {
-            let rule = OneLeaf::new(quota);
             let mut i = caller * (keys.len() / callers).max(1);
             while round.running() {
-                let hit = rule.hit(&keys[i % keys.len()]);
+                let hit = rule.hit(keys[i % keys.len()].as_ref());
                 let decision = store.decide(&hit).await.expect("a decision");
                 admitted.fetch_add(u64::from(decision.allowed()), Ordering::Relaxed);
                 calls.fetch_add(1, Ordering::Relaxed);

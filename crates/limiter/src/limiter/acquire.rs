@@ -54,8 +54,8 @@ impl Limiter {
             // boxed: this future stays small, and moves cheaply, for the memory store's
             // acquire, which waits for nothing.
             return match self.acquire_one_now(policy, selectors) {
-                OneLeaf::Done(answer) => answer,
-                OneLeaf::Remote(policy, parts, id) => {
+                BenchRule::Done(answer) => answer,
+                BenchRule::Remote(policy, parts, id) => {
                     Box::pin(self.acquire_one_remote(policy, parts, id)).await
                 }
             };
@@ -118,7 +118,7 @@ impl Limiter {
     /// those parts were this leaf's, with the same value, they are kept as they are: the
     /// identifier, and the token bytes it was written with.
     #[inline]
-    fn acquire_one_now(&self, policy: PolicyRef, selectors: &Selectors<'_>) -> OneLeaf {
+    fn acquire_one_now(&self, policy: PolicyRef, selectors: &Selectors<'_>) -> BenchRule {
         let mut parts = LeaseParts::spare();
         let leaf = &policy.leaves[0];
         let written = parts.leaf == leaf.uid && parts.identifiers.len() == 1;
@@ -137,20 +137,20 @@ impl Limiter {
             }
             Err(error) => {
                 parts.keep_spare();
-                return OneLeaf::Done(Err(error));
+                return BenchRule::Done(Err(error));
             }
         }
         parts.leaf = leaf.uid;
         let id = LeaseId::random();
         let Some(memory) = self.store.as_memory() else {
-            return OneLeaf::Remote(policy, parts, id);
+            return BenchRule::Remote(policy, parts, id);
         };
         // In process: nothing to wait for, and no age to keep (see `sent_at`). The lease
         // set is reached through the parts' handle when they have one for this
         // identifier, and they keep one for the release.
         let hit = hit(&policy, &parts.identifiers, 1, counting(&policy));
         let decision = memory.acquire_held(&hit, id.0, &mut parts.set);
-        OneLeaf::Done(Ok(self.leased(policy, parts, id, decision, None)))
+        BenchRule::Done(Ok(self.leased(policy, parts, id, decision, None)))
     }
 
     /// The rest of [`Limiter::acquire_one_now`] on a remote store: its call.
@@ -341,7 +341,7 @@ impl Limiter {
 
 /// What [`Limiter::acquire_one_now`] leaves: its answer, or a remote store's call to make
 /// for the lease these parts and id will make.
-enum OneLeaf {
+enum BenchRule {
     Done(Result<Acquired, Error>),
     Remote(PolicyRef, Box<LeaseParts>, LeaseId),
 }

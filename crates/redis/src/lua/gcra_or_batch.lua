@@ -32,6 +32,7 @@ local params = {}
 local at = 2
 for s = 1, sets do
   local leaves = tonumber(ARGV[at + 2])
+  if leaves == nil or leaves < 1 then return redis.error_reply('a parameter set without leaves') end
   local p = { tonumber(ARGV[at]), tonumber(ARGV[at + 1]), leaves }
   for j = 1, 3 * leaves do p[3 + j] = tonumber(ARGV[at + 2 + j]) end
   params[format('%d', s)] = p
