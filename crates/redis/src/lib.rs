@@ -41,10 +41,11 @@
 //!   verdict depends on every counted sub-window, so the script answers the verdict itself,
 //!   three integers a hit (remaining, reset, retry), translated line for line from the
 //!   core's sliding window and checked by the same vectors.
-//! - A rule of 2 to 8 GCRA leaves joined by `;` (an `or`: `user:10/s; user:1000/h`, the
-//!   usual way to state several limits) without a penalty likewise
-//!   (`src/lua/gcra_or_batch.lua`, `src/or_batch.rs`): one debt per leaf, which the core's
-//!   rule evaluation turns into the decision.
+//! - A rule of up to 8 GCRA leaves joined by `;` (an `or`: `user:10/s; user:1000/h`, the
+//!   usual way to state several limits), or one GCRA leaf with a penalty (a login form's),
+//!   with or without a penalty, likewise (`src/lua/gcra_rule_batch.lua`,
+//!   `src/rule_batch.rs`): Redis's `now`, one debt per leaf and the penalty record each
+//!   hit found, which the core's rule evaluation turns into the decision.
 //! - Every other rule runs the full script (algorithms.lua with `run`), as a Redis 7
 //!   Function (`FUNCTION LOAD` once, then `FCALL`), which defines the library of algorithms
 //!   once instead of on every call; the library is loaded again when a server has lost it
@@ -100,7 +101,7 @@ mod lean;
 mod lean_batch;
 mod lease_batch;
 mod leases;
-mod or_batch;
+mod rule_batch;
 // Public only for this crate's tests, which run the Lua algorithms against the shared
 // vectors; not part of the API.
 #[doc(hidden)]

@@ -16,7 +16,7 @@ use crate::RedisError;
 use crate::batch::{Batcher, gone};
 use crate::lean_batch::{FixedPending, SlidingPending};
 use crate::lease_batch::LeasePending;
-use crate::or_batch::{LeanGcraOr, OrPending};
+use crate::rule_batch::{LeanGcraRule, RulePending};
 use crate::script::{DECIDE, LIBRARY, LeanFixed, LeanGcra, LeanSliding, Lua, arguments, decision};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
@@ -74,7 +74,7 @@ pub(crate) struct Inner {
     /// The queue of lean sliding-window hits, sent in batches.
     sliding_batcher: Batcher<SlidingPending>,
     /// The queue of lean `or` rules of GCRA leaves, sent in batches.
-    or_batcher: Batcher<OrPending>,
+    rule_batcher: Batcher<RulePending>,
     /// The queue of single-leaf lease steps, sent in batches.
     lease_batcher: Batcher<LeasePending>,
     /// Leases found expired instead of released (see [`RedisStore::leases_expired`]).
@@ -189,7 +189,7 @@ impl RedisStoreBuilder {
                 batcher: Batcher::start(store.clone(), cluster),
                 fixed_batcher: Batcher::start(store.clone(), cluster),
                 sliding_batcher: Batcher::start(store.clone(), cluster),
-                or_batcher: Batcher::start(store.clone(), cluster),
+                rule_batcher: Batcher::start(store.clone(), cluster),
                 lease_batcher: Batcher::start(store.clone(), cluster),
                 leases_expired: AtomicU64::new(0),
                 timeout: self.timeout,
@@ -270,8 +270,8 @@ impl RedisStore {
         &self.inner.sliding_batcher
     }
 
-    pub(crate) fn or_batcher(&self) -> &Batcher<OrPending> {
-        &self.inner.or_batcher
+    pub(crate) fn rule_batcher(&self) -> &Batcher<RulePending> {
+        &self.inner.rule_batcher
     }
 
     pub(crate) fn next_token(&self) -> u64 {
@@ -482,8 +482,9 @@ impl RedisStore {
     }
 
     /// Decides `hit` in one script call: a lean script for the lean shapes (one GCRA,
-    /// fixed-window or sliding-window leaf, or an `or` of GCRA leaves, without a penalty),
-    /// batched with the other hits of its shape waiting; the whole one otherwise. Every key
+    /// fixed-window or sliding-window leaf without a penalty; GCRA leaves joined by `;`, or
+    /// one GCRA leaf, with a penalty or not), batched with the other hits of its shape
+    /// waiting; the whole one otherwise. Every key
     /// must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
         if let Some(lean) = LeanGcra::of(hit)? {
@@ -495,8 +496,8 @@ impl RedisStore {
         if let Some(lean) = LeanSliding::of(hit)? {
             return self.decide_sliding(hit, lean).await;
         }
-        if let Some(lean) = LeanGcraOr::of(hit)? {
-            return self.decide_or(hit, lean).await;
+        if let Some(lean) = LeanGcraRule::of(hit)? {
+            return self.decide_rule(hit, lean).await;
         }
         let keys: Vec<String> = hit
             .identifiers

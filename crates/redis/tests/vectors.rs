@@ -16,8 +16,9 @@ use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
-    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, GCRA_OR_BATCH_LUA, LeanFixed, LeanGcra,
-    LeanGcraOr, LeanSliding, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments, or_batch_call,
+    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, GCRA_RULE_BATCH_LUA, LeanFixed, LeanGcra,
+    LeanGcraRule, LeanSliding, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
+    rule_batch_call,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -48,9 +49,10 @@ enum Script {
     /// sliding_batch.lua: the vectors of one sliding-window leaf without a penalty, the same
     /// way, the decision made from the script's three-integer verdict.
     LeanSliding,
-    /// gcra_or_batch.lua: the vectors of an `or` of GCRA leaves without a penalty, each hit
-    /// alone in its call, the decision made from the script's debt per leaf.
-    LeanOr,
+    /// gcra_rule_batch.lua: the vectors of one GCRA leaf or an `or` of GCRA leaves, with or
+    /// without a penalty, each hit alone in its call, the decision made from the script's
+    /// debt per leaf and the penalty record the hit found.
+    LeanRule,
 }
 
 /// A lean script's hit, of any kind.
@@ -59,7 +61,7 @@ enum Lean {
     Gcra(LeanGcra),
     Fixed(LeanFixed),
     Sliding(LeanSliding),
-    Or(LeanGcraOr),
+    Rule(LeanGcraRule),
 }
 
 /// Expiry of the keys this test writes (2100-01-01, in ms): a key still carrying it was not
@@ -109,8 +111,9 @@ fn lean_fixed_window_script_reproduces_every_single_leaf_fixed_window_vector() {
 }
 
 #[test]
-fn lean_or_script_reproduces_every_vector_of_an_or_of_gcra_leaves() {
-    lean_script_reproduces_its_vectors(Script::LeanOr, GCRA_OR_BATCH_LUA, "`or` of GCRA", 4);
+fn lean_rule_script_reproduces_every_vector_of_gcra_leaves_joined_by_or() {
+    // The single-leaf GCRA vectors, with a penalty or not, and those of an `or` of leaves.
+    lean_script_reproduces_its_vectors(Script::LeanRule, GCRA_RULE_BATCH_LUA, "GCRA rule", 40);
 }
 
 #[test]
@@ -220,7 +223,7 @@ fn check(
         Script::Lean => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
         Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
         Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
-        Script::LeanOr => Some(Lean::Or(LeanGcraOr::of(&hit).expect("arguments")?)),
+        Script::LeanRule => Some(Lean::Rule(LeanGcraRule::of(&hit).expect("arguments")?)),
     };
     // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
     // their own, of the same algorithm.
@@ -267,9 +270,13 @@ fn check(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
         }
-        Some(Lean::Or(lean)) => {
-            let ids: Vec<&str> = keys.iter().map(String::as_str).collect();
-            text(or_batch_call([(ids, lean.arguments())]).1)
+        Some(Lean::Rule(lean)) => {
+            let ids: Vec<&str> = keys
+                .iter()
+                .map(String::as_str)
+                .chain(penalty.is_some().then_some(penalty_key.as_str()))
+                .collect();
+            text(rule_batch_call([(ids, lean.arguments())]).1)
         }
     };
     args.push(case.now.to_string());
@@ -314,8 +321,8 @@ fn check(
     let mut reply = ints(&replies.next().unwrap());
     match lean {
         None => {}
-        Some(Lean::Or(lean)) => {
-            reply = match lean.decision(&reply) {
+        Some(Lean::Rule(lean)) => {
+            reply = match lean.decision(reply[0], &reply[1..]) {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the debts: {e}")]),
             };

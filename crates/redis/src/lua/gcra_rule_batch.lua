@@ -1,0 +1,170 @@
+-- sluice: the lean script for a rule of GCRA leaves joined by `;` (`or`: the hit is denied
+-- when any leaf would be exceeded), or of one GCRA leaf with a penalty, with or without a
+-- penalty, for a batch of such hits decided one after the other in one call (each its own
+-- decision, in order: a key named by several hits, such as a limit every caller shares or
+-- a penalty record, sees the earlier hits' writes), as gcra_batch.lua does for one leaf
+-- without a penalty.
+--
+-- The same writes as algorithms.lua's `run` for that shape (penalty_load and its early
+-- answer, gcra.verdict of each leaf, the `or` fold's verdict, gcra.record and gcra.save of
+-- each leaf, penalty_strike and penalty_save), line for line, without the library. A key
+-- named by several hits of the batch is written once, after the last of them. `now`
+-- (integer microseconds) is defined by the entry before this text (redis_now.lua, or the
+-- tests' `now`), `decimal` by decimal.lua.
+--
+-- KEYS: each hit's leaves' keys in the rule's leaf order, then its penalty record's key if
+-- it has a penalty, hit after hit. ARGV: the number of parameter sets S, then S sets, each:
+-- cost, recording (0 admitted, 1 always, 2 never), the number of leaves L, L triples
+-- (interval, burst, window in ticks), then 0 (no penalty) or 1 and the penalty's base,
+-- factor, max and forget_after (ticks); then one per hit, in order: the number of its set
+-- (from 1), left out when S is 1.
+-- Reply: `now`, then per hit: each leaf's debt before the hit (max(tat, now) - now), and
+-- with a penalty the record the hit found (strikes, until, last strike). The store turns
+-- them into the decision with the core's rule evaluation at `now`.
+--
+-- Recording: the `or` is reached when any leaf is, so the hit is admitted when every leaf
+-- admits it. Its wait is never when some leaf's cost exceeds its capacity (such a leaf is
+-- always reached, and `or` waits for its latest reached leaf); otherwise a denial is
+-- limited. A denial is recorded (recording `always`) unless its wait is never; a limited
+-- one adds a strike to the penalty record unless recording is `never`. A hit that finds
+-- its key boxed by the penalty (`until` later than now) is denied and changes nothing.
+-- Arithmetic as in gcra_batch.lua: no library function per hit.
+
+local format = string.format
+local sets = tonumber(ARGV[1])
+-- Keyed by the set's number as its hits name it (a string). A set: cost, recording, L,
+-- the L triples, then 1 and the penalty's four numbers, or 0.
+local params = {}
+local at = 2
+for s = 1, sets do
+  local leaves = tonumber(ARGV[at + 2])
+  if leaves == nil or leaves < 1 then return redis.error_reply('a parameter set without leaves') end
+  local p = { tonumber(ARGV[at]), tonumber(ARGV[at + 1]), leaves }
+  for j = 1, 3 * leaves do p[3 + j] = tonumber(ARGV[at + 2 + j]) end
+  local after = at + 3 + 3 * leaves
+  if ARGV[after] == '1' then
+    p.penalty = { tonumber(ARGV[after + 1]), tonumber(ARGV[after + 2]),
+      tonumber(ARGV[after + 3]), tonumber(ARGV[after + 4]) }
+    at = after + 5
+  else
+    at = after + 1
+  end
+  params[format('%d', s)] = p
+end
+local first = at - 1
+local only = nil
+if sets == 1 then only = params['1'] end
+
+local out = { now }
+-- Every key read in one command; a key named again later in the batch reads what the hits
+-- before it recorded (`written`: each recorded key's latest TAT; `order`: those keys, each
+-- once). Penalty records: `records` (each read or struck record, {strikes, until, last}),
+-- `struck` (each struck record's forget_after), `strikes` (those keys, each once).
+local read = redis.call('MGET', unpack(KEYS))
+local written, order = {}, {}
+local records, struck, strikes = {}, {}, {}
+-- Where this hit's keys start in KEYS (less one).
+local base, hit = 0, 0
+local tats = {}
+while base < #KEYS do
+  hit = hit + 1
+  local p = only or params[ARGV[first + hit]]
+  local cost, recording, leaves, penalty = p[1], p[2], p[3], p.penalty
+  -- penalty_load, and the early answer of a boxed key: nothing recorded.
+  local pkey, rec = nil, nil
+  local boxed = false
+  if penalty then
+    pkey = KEYS[base + leaves + 1]
+    rec = records[pkey]
+    if rec == nil then
+      rec = { 0, 0, 0 }
+      local raw = read[base + leaves + 1]
+      if raw then
+        local s, u, l = string.match(raw, '^(%d+):(%d+):(%d+)$')
+        if s then rec = { tonumber(s), tonumber(u), tonumber(l) } end
+      end
+      records[pkey] = rec
+    end
+    boxed = rec[2] > now
+  end
+  -- gcra.verdict of each leaf, and the fold: admitted when every leaf admits; its wait
+  -- never when a leaf's cost exceeds its capacity.
+  local admits, fits = true, true
+  for j = 1, leaves do
+    local key = KEYS[base + j]
+    local tat = written[key]
+    if tat == nil then
+      local value = read[base + j]
+      tat = value and tonumber(value) or 0
+    end
+    tats[j] = tat
+    local interval, burst = p[1 + 3 * j], p[2 + 3 * j]
+    local tau = burst * interval
+    local inc = cost * interval
+    local from = tat
+    if from < now then from = now end
+    local debt = from - now
+    out[#out + 1] = debt
+    if inc > tau then fits = false end
+    if debt > tau - inc then admits = false end
+  end
+  if rec then
+    out[#out + 1], out[#out + 2], out[#out + 3] = rec[1], rec[2], rec[3]
+  end
+  if not boxed and recording ~= 2 and fits and (recording == 1 or admits) then
+    for j = 1, leaves do
+      -- gcra.record: max(min(max(tat, now) + inc, now + tau + window), tat).
+      local key = KEYS[base + j]
+      local interval, burst, window = p[1 + 3 * j], p[2 + 3 * j], p[3 + 3 * j]
+      local tat = tats[j]
+      local from = tat
+      if from < now then from = now end
+      local recorded, cap = from + cost * interval, now + burst * interval + window
+      if recorded > cap then recorded = cap end
+      if recorded < tat then recorded = tat end
+      if written[key] == nil then order[#order + 1] = key end
+      written[key] = recorded
+    end
+  end
+  if penalty and not boxed and not admits and fits and recording ~= 2 then
+    -- penalty_strike: a new record, so the values this hit answered stay as they were.
+    local count, last = rec[1], rec[3]
+    if count > 0 and now - last >= penalty[4] then count = 0 end
+    count = count + 1
+    local timeout = penalty[1] * penalty[2] ^ (count - 1)
+    if timeout > penalty[3] then timeout = penalty[3] end
+    records[pkey] = { count, now + timeout, now }
+    if struck[pkey] == nil then strikes[#strikes + 1] = pkey end
+    struck[pkey] = penalty[4]
+  end
+  base = base + leaves
+  if penalty then base = base + 1 end
+end
+-- gcra.save, once per key, as in gcra_batch.lua: the final TAT with its expiry in the same
+-- command, or the key deleted when that TAT is not later than now.
+for j = 1, #order do
+  local key = order[j]
+  local recorded = written[key]
+  if recorded <= now then
+    redis.call('DEL', key)
+  else
+    local left = recorded - now + 999
+    redis.call('SET', key, decimal(recorded), 'PX', decimal((left - left % 1000) / 1000))
+  end
+end
+-- penalty_save, once per struck record: kept until its box is over and its strikes are
+-- forgotten (the later of the two).
+for j = 1, #strikes do
+  local key = strikes[j]
+  local rec = records[key]
+  local expires_at = rec[2]
+  if rec[3] + struck[key] > expires_at then expires_at = rec[3] + struck[key] end
+  if expires_at <= now then
+    redis.call('DEL', key)
+  else
+    local left = expires_at - now + 999
+    redis.call('SET', key, format('%d:%d:%d', rec[1], rec[2], rec[3]), 'PX',
+      format('%d', (left - left % 1000) / 1000))
+  end
+end
+return out

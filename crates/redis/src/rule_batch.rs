@@ -1,0 +1,272 @@
+//! Batching of rules of GCRA leaves joined by `;` (`user:10/s; user:1000/h`, `apikey:100/m;
+//! 1000/s`: the usual way to state more than one limit), with or without a penalty, and of
+//! one GCRA leaf with a penalty (`ip:5/m` on a login form, boxing repeat offenders), as
+//! single-leaf hits are batched (`src/batch.rs`): each hit decided in order by
+//! `lua/gcra_rule_batch.lua`, each atomic and its own answer, each key written once per
+//! call; a call that fails fails every hit in it. Without it every such decision was one
+//! call of the whole script.
+//!
+//! The script answers Redis's `now`, each leaf's debt and the penalty record each hit found;
+//! the core's rule evaluation at `now`, on TATs of `now` plus the debts and that record,
+//! makes the decision, as the whole script's would be (a GCRA verdict depends on the TAT
+//! only through the debt, and a TAT not after `now` decides as a fresh one).
+
+use sluice_core::{
+    Algorithm, Decision, Evaluation, Penalty, PenaltyState, Quota, Recording, Shape, State,
+    evaluate,
+};
+use sluice_limiter::Hit;
+
+use crate::RedisError;
+use crate::batch::{Answer, Batched};
+use crate::script::{GCRA_RULE_BATCH, TICK_NS, micro, recording_code};
+use crate::slot::key;
+use crate::store::RedisStore;
+
+/// Most leaves of a rule the lean script takes; larger rules run the whole script.
+pub const MAX_RULE_LEAVES: usize = 8;
+
+/// A hit of the lean rule script's shape: an `or` of 1 to [`MAX_RULE_LEAVES`] GCRA leaves
+/// (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
+/// the script, and its decision from the script's reply.
+#[derive(Debug, Clone)]
+pub struct LeanGcraRule {
+    /// The quotas counted in microseconds, in leaf order.
+    quotas: Vec<Quota>,
+    shape: Shape,
+    cost: u64,
+    recording: Recording,
+    /// The penalty counted in microseconds.
+    penalty: Option<Penalty>,
+}
+
+impl LeanGcraRule {
+    /// `Some` when `hit` has the lean rule shape; `None` sends it elsewhere.
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanGcraRule>, RedisError> {
+        let ev = &hit.evaluation;
+        let leaves = ev.quotas.len();
+        let shaped = match ev.shape {
+            Shape::Leaf(0) => leaves == 1,
+            Shape::Or(children) => {
+                let mut seen = [false; MAX_RULE_LEAVES];
+                children.len() == leaves
+                    && children.iter().all(|child| match child {
+                        Shape::Leaf(i) if *i < leaves.min(MAX_RULE_LEAVES) && !seen[*i] => {
+                            seen[*i] = true;
+                            true
+                        }
+                        _ => false,
+                    })
+            }
+            Shape::Leaf(_) | Shape::And(_) => false,
+        };
+        if !shaped
+            || !(1..=MAX_RULE_LEAVES).contains(&leaves)
+            || hit.identifiers.len() != leaves
+            || ev.penalty.is_some() != hit.penalty_identifier.is_some()
+            || ev.quotas.iter().any(|q| q.algorithm() != Algorithm::Gcra)
+        {
+            return Ok(None);
+        }
+        Ok(Some(LeanGcraRule {
+            quotas: ev.quotas.iter().map(micro).collect::<Result<_, _>>()?,
+            shape: ev.shape.clone(),
+            cost: ev.cost,
+            recording: ev.recording,
+            penalty: ev.penalty.map(|p| p.with_tick(TICK_NS)),
+        }))
+    }
+
+    /// The keys the hit names: one per leaf, then its penalty record's.
+    pub fn keys(hit: &Hit<'_>) -> Vec<String> {
+        hit.identifiers
+            .iter()
+            .chain(hit.penalty_identifier)
+            .map(key)
+            .collect()
+    }
+
+    /// The integers of the hit's reply: a debt per leaf, and the penalty record's three.
+    pub fn reply_len(&self) -> usize {
+        self.quotas.len() + if self.penalty.is_some() { 3 } else { 0 }
+    }
+
+    /// The hit's parameter set: cost, recording, the number of leaves, each leaf's
+    /// interval, burst and window, then 0, or 1 and the penalty's base, factor, max and
+    /// forget_after (microseconds).
+    pub fn arguments(&self) -> Vec<u64> {
+        let mut arguments = Vec::with_capacity(8 + 3 * self.quotas.len());
+        arguments.extend([
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            self.quotas.len() as u64,
+        ]);
+        for q in &self.quotas {
+            arguments.extend([q.interval_ticks(), q.burst(), q.window_ticks()]);
+        }
+        match &self.penalty {
+            None => arguments.push(0),
+            Some(p) => {
+                let (base, factor, max, forget) = p.ticks();
+                arguments.extend([1, base, u64::from(factor), max, forget]);
+            }
+        }
+        arguments
+    }
+
+    /// The decision from the call's `now` and the hit's reply ([`LeanGcraRule::reply_len`]
+    /// integers): the core's evaluation of the rule at `now`, on TATs of `now` plus each
+    /// debt and the penalty record the hit found, recording as the hit does (a denial
+    /// counted anyway answers with the recorded states' wait, a boxed key the box's). A
+    /// reply of another length or a negative number is an error.
+    pub fn decision(&self, now: i64, reply: &[i64]) -> Result<Decision, RedisError> {
+        let wrong = || {
+            RedisError::Reply(format!(
+                "{reply:?} at {now} for a rule of {} leaves",
+                self.quotas.len()
+            ))
+        };
+        if reply.len() != self.reply_len() {
+            return Err(wrong());
+        }
+        let number = |x: i64| u64::try_from(x).map_err(|_| wrong());
+        let now = number(now)?;
+        let (debts, record) = reply.split_at(self.quotas.len());
+        let mut states = debts
+            .iter()
+            .map(|&debt| {
+                let tat = now.checked_add(number(debt)?).ok_or_else(wrong)?;
+                Ok(State::Gcra { tat })
+            })
+            .collect::<Result<Vec<State>, RedisError>>()?;
+        let mut record = match record {
+            [strikes, until, last] => Some(PenaltyState {
+                strikes: u32::try_from(*strikes).map_err(|_| wrong())?,
+                until: number(*until)?,
+                last_strike: number(*last)?,
+            }),
+            _ => None,
+        };
+        let evaluation = Evaluation {
+            shape: &self.shape,
+            quotas: &self.quotas,
+            cost: self.cost,
+            recording: self.recording,
+            penalty: self.penalty.as_ref(),
+        };
+        Ok(evaluate(&evaluation, &mut states, record.as_mut(), now).decision)
+    }
+}
+
+/// KEYS and ARGV for the lean rule script deciding `hits` (each its keys, as
+/// [`LeanGcraRule::keys`], and its [`LeanGcraRule::arguments`]) in order: every hit's keys,
+/// then the distinct parameter sets and each hit's set number (left out when there is one
+/// set).
+pub fn rule_batch_call<'k>(
+    hits: impl IntoIterator<Item = (Vec<&'k str>, Vec<u64>)>,
+) -> (Vec<&'k str>, Vec<u64>) {
+    let mut keys = Vec::new();
+    let mut sets: Vec<Vec<u64>> = Vec::new();
+    let mut numbers = Vec::new();
+    for (hit_keys, set) in hits {
+        keys.extend(hit_keys);
+        let number = match sets.iter().position(|known| *known == set) {
+            Some(i) => i,
+            None => {
+                sets.push(set);
+                sets.len() - 1
+            }
+        };
+        numbers.push(number as u64 + 1);
+    }
+    let mut arguments = vec![sets.len() as u64];
+    let one = sets.len() == 1;
+    arguments.extend(sets.into_iter().flatten());
+    if !one {
+        arguments.extend(numbers);
+    }
+    (keys, arguments)
+}
+
+/// One queued rule hit: its keys (one per leaf, then its penalty record's), its parameter
+/// set, its slot (Cluster: every key is in it), how many integers its reply holds, and where
+/// the call's `now` and those integers go.
+pub(crate) struct RulePending {
+    pub keys: Vec<String>,
+    pub arguments: Vec<u64>,
+    pub slot: u16,
+    pub reply_len: usize,
+    pub reply: Answer<(i64, Vec<i64>)>,
+}
+
+impl Batched for RulePending {
+    fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    fn abandoned(&self) -> bool {
+        // Not sending a hit nobody waits for keeps it from counting.
+        self.reply.is_closed()
+    }
+
+    async fn send(store: RedisStore, batch: Vec<Self>) {
+        send(&store, batch).await;
+    }
+}
+
+/// Sends `batch` as one script call and answers each hit: the call's `now` and its
+/// integers, or the call's error (a call that failed decided nothing that anyone is told
+/// was admitted).
+async fn send(store: &RedisStore, batch: Vec<RulePending>) {
+    let (keys, arguments) = rule_batch_call(batch.iter().map(|pending| {
+        let keys = pending.keys.iter().map(String::as_str).collect();
+        (keys, pending.arguments.clone())
+    }));
+    let result: Result<Vec<i64>, RedisError> =
+        store.eval(&GCRA_RULE_BATCH, &keys, &arguments).await;
+    let wanted = 1 + batch.iter().map(|pending| pending.reply_len).sum::<usize>();
+    match result {
+        Ok(reply) if reply.len() == wanted => {
+            let now = reply[0];
+            let mut rest = reply.into_iter().skip(1);
+            for pending in batch {
+                let mine = rest.by_ref().take(pending.reply_len).collect();
+                let _ = pending.reply.send(Ok((now, mine)));
+            }
+        }
+        Ok(reply) => {
+            let wrong = format!("{} integers in reply, {wanted} expected", reply.len());
+            for pending in batch {
+                let _ = pending.reply.send(Err(RedisError::Reply(wrong.clone())));
+            }
+        }
+        Err(e) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+impl RedisStore {
+    /// Queues a lean rule hit for the next batch and waits, within the store's timeout, for
+    /// Redis's `now`, its leaves' debts and its penalty record, which the core's evaluation
+    /// turns into the decision.
+    pub(crate) async fn decide_rule(
+        &self,
+        hit: &Hit<'_>,
+        lean: LeanGcraRule,
+    ) -> Result<Decision, RedisError> {
+        let batcher = self.rule_batcher();
+        let (now, reply) = self
+            .batched(batcher, &hit.identifiers[0], |_, slot, reply| RulePending {
+                keys: LeanGcraRule::keys(hit),
+                arguments: lean.arguments(),
+                slot,
+                reply_len: lean.reply_len(),
+                reply,
+            })
+            .await?;
+        lean.decision(now, &reply)
+    }
+}

@@ -1,0 +1,355 @@
+//! The lean rule batch script (GCRA leaves joined by `;`, or one GCRA leaf with a penalty)
+//! against the core, hit by hit: random batches of hits of three rules over a few users,
+//! two of them also naming one key all share (a limit every caller hits, so a key named
+//! many times in one batch), one with a penalty that boxes a user denied again and again,
+//! some costs above what is left or above a leaf's burst, some hits counted when denied or
+//! never counted, must answer exactly as sluice-core's evaluation of the rule deciding them
+//! one after the other at the batch's `now`, leave each key holding the core's final state,
+//! and give a written key the expiry of that state (the script writes a key once a batch).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice_core::{
+    Algorithm, Denial, Evaluation, Leaf, Penalty, PenaltyState, Quota, Rate, Recording, Shape,
+    Span, State, Unit, evaluate,
+};
+use sluice_limiter::{Hit, Identifier};
+use sluice_redis::script::{GCRA_RULE_BATCH_LUA, LeanGcraRule, TICK_NS, micro, rule_batch_call};
+use sluice_testkit::RedisServer;
+use sluice_testkit::vectors::Rng;
+
+/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
+/// taken off `ARGV` so the script sees the arguments the store sends.
+const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
+
+/// A GCRA quota of `count` per `seconds` with a burst of `burst`, as the limiter hands it
+/// to the store.
+fn quota(count: u64, seconds: u64, burst: u64) -> Quota {
+    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
+    let mut leaf = Leaf::new(rate);
+    leaf.options.burst = Some(burst);
+    Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap()
+}
+
+/// A rule: its leaves' quotas (joined by `;` when more than one), its penalty.
+struct Rule {
+    quotas: Vec<Quota>,
+    shape: Shape,
+    penalty: Option<Penalty>,
+}
+
+impl Rule {
+    fn new(quotas: Vec<Quota>, penalty: Option<Penalty>) -> Rule {
+        let shape = match quotas.len() {
+            1 => Shape::Leaf(0),
+            n => Shape::Or((0..n).rev().map(Shape::Leaf).collect()),
+        };
+        Rule {
+            quotas,
+            shape,
+            penalty,
+        }
+    }
+
+    fn evaluation(&self, cost: u64, recording: Recording) -> Evaluation<'_> {
+        Evaluation {
+            shape: &self.shape,
+            quotas: &self.quotas,
+            cost,
+            recording,
+            penalty: self.penalty.as_ref(),
+        }
+    }
+
+    /// The hit as the store sees it: its lean form.
+    fn lean(&self, cost: u64, recording: Recording) -> LeanGcraRule {
+        let ids: Vec<Identifier> = (0..self.quotas.len())
+            .map(|i| Identifier::new(format!("k{i}")))
+            .collect();
+        let penalty_id = Identifier::new("p");
+        let hit = Hit {
+            identifiers: &ids,
+            evaluation: self.evaluation(cost, recording),
+            penalty_identifier: self.penalty.is_some().then_some(&penalty_id),
+        };
+        LeanGcraRule::of(&hit).unwrap().expect("a lean hit")
+    }
+}
+
+/// The core's state of one key: a leaf's TAT or a penalty record.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kept {
+    Tat(u64),
+    Record(PenaltyState),
+}
+
+#[test]
+fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_connection().expect("connect");
+    let script = redis::Script::new(&format!("{TEST_ENTRY}{GCRA_RULE_BATCH_LUA}"));
+
+    // The shared leaf, 10 a second, is reached by busy batches; the per-user ones by a
+    // user's own hits. A cost of 4 exceeds the second rule's first leaf's burst of 3. The
+    // third, a login form's, boxes a user for 0.3 s, doubling up to 2 s, forgotten after
+    // 3 s without a strike.
+    let seconds = Duration::from_millis;
+    let penalty = Penalty::new(seconds(300), 2, seconds(2_000), seconds(3_000)).unwrap();
+    let rules = [
+        Rule::new(vec![quota(5, 1, 5), quota(10, 1, 10)], None),
+        Rule::new(
+            vec![quota(3, 1, 3), quota(30, 60, 10), quota(10, 1, 10)],
+            None,
+        ),
+        Rule::new(vec![quota(2, 1, 2)], Some(penalty)),
+    ];
+    let users = ["alice", "bob", "carol"];
+    // The keys of rule `r`'s hit for `user`: its leaves' (the last of the first two rules'
+    // the shared one), then its penalty record's.
+    let keys_of = |r: usize, user: &str| -> Vec<String> {
+        let leaves = rules[r].quotas.len();
+        let mut keys: Vec<String> = (0..leaves)
+            .map(|leaf| format!("r{r}:{user}:{leaf}"))
+            .collect();
+        if r < 2 {
+            keys[leaves - 1] = "shared".to_owned();
+        }
+        if rules[r].penalty.is_some() {
+            keys.push(format!("r{r}:{user}:penalty"));
+        }
+        keys
+    };
+    let mut all_keys: Vec<String> = (0..rules.len())
+        .flat_map(|r| users.map(|u| keys_of(r, u)))
+        .flatten()
+        .collect();
+    all_keys.sort();
+    all_keys.dedup();
+    let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
+    let penalty_micro = penalty.with_tick(TICK_NS);
+    let mut core: BTreeMap<String, Kept> = BTreeMap::new();
+    let mut rng = Rng(0x0a5e);
+    let (mut now, mut hits, mut denied, mut repeats, mut never) = (1_000_000, 0, 0, 0, 0);
+    let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
+
+    for batch in 0..400 {
+        // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
+        // Every twentieth batch (a hot one) comes two minutes later, on full buckets, so
+        // its hits reach a leaf's burst exactly.
+        now += rng.next_u64() % 200_000;
+        if batch % 20 == 0 {
+            now += 120_000_000;
+        }
+        // Some batches come at a penalty's edges: a microsecond before a box ends, as it
+        // ends, and as a record's strikes are forgotten.
+        let records = || {
+            core.values().filter_map(|kept| match kept {
+                Kept::Record(record) if record.strikes > 0 => Some(*record),
+                _ => None,
+            })
+        };
+        let forget = penalty_micro.ticks().3;
+        let edge = match batch % 10 {
+            5 => records()
+                .map(|r| r.until.saturating_sub(1))
+                .filter(|&t| t > now)
+                .min(),
+            6 => records().map(|r| r.until).filter(|&t| t >= now).min(),
+            7 => records()
+                .map(|r| r.last_strike + forget)
+                .filter(|&t| t > now)
+                .min(),
+            _ => None,
+        };
+        if let Some(at) = edge {
+            now = at;
+            edges += 1;
+        }
+        let size = 1 + (rng.next_u64() % 16) as usize;
+        let mut sent = Vec::new();
+        // One batch in four is one user's of one rule, every hit alike.
+        let hot = batch % 4 == 0;
+        for _ in 0..size {
+            let r = (rng.next_u64() % rules.len() as u64) as usize;
+            let user = users[(rng.next_u64() % users.len() as u64) as usize];
+            let cost = [1, 1, 1, 2, 0, 4][(rng.next_u64() % 6) as usize];
+            let recording = recordings[[0, 0, 0, 0, 1, 2][(rng.next_u64() % 6) as usize]];
+            match sent.first() {
+                Some(&first) if hot => sent.push(first),
+                _ => sent.push((r, user, cost, recording)),
+            }
+        }
+        let hit_keys: Vec<Vec<String>> =
+            sent.iter().map(|&(r, user, ..)| keys_of(r, user)).collect();
+        let (call_keys, mut args) = rule_batch_call(sent.iter().zip(&hit_keys).map(
+            |(&(r, _, cost, recording), keys)| {
+                let keys = keys.iter().map(String::as_str).collect();
+                (keys, rules[r].lean(cost, recording).arguments())
+            },
+        ));
+        args.push(now);
+        let mut invocation = script.prepare_invoke();
+        for key in &call_keys {
+            invocation.key(*key);
+        }
+        for arg in &args {
+            invocation.arg(*arg);
+        }
+        let reply: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        assert_eq!(reply[0] as u64, now, "the reply starts with the call's now");
+
+        let mut last_write: BTreeMap<&str, Kept> = BTreeMap::new();
+        let mut at = 1;
+        for (i, (&(r, user, cost, recording), keys)) in sent.iter().zip(&hit_keys).enumerate() {
+            let rule = &rules[r];
+            let lean = rule.lean(cost, recording);
+            let mine = &reply[at..at + lean.reply_len()];
+            at += lean.reply_len();
+            let leaves = rule.quotas.len();
+            let mut states: Vec<State> = keys[..leaves]
+                .iter()
+                .map(|key| match core.get(key) {
+                    Some(Kept::Tat(tat)) => State::Gcra { tat: *tat },
+                    _ => State::Gcra { tat: 0 },
+                })
+                .collect();
+            let mut record = rule.penalty.map(|_| match core.get(&keys[leaves]) {
+                Some(Kept::Record(record)) => *record,
+                _ => PenaltyState::default(),
+            });
+            let mut found: Vec<u64> = states
+                .iter()
+                .map(|state| match state {
+                    State::Gcra { tat } => (*tat).max(now) - now,
+                    _ => unreachable!(),
+                })
+                .collect();
+            if let Some(p) = &record {
+                found.extend([u64::from(p.strikes), p.until, p.last_strike]);
+            }
+            let answered: Vec<u64> = mine.iter().map(|x| *x as u64).collect();
+            assert_eq!(
+                answered, found,
+                "batch {batch}, hit {i} ({user}, rule {r}): the debts and record found"
+            );
+            let micros: Vec<Quota> = rule.quotas.iter().map(|q| micro(q).unwrap()).collect();
+            let evaluation = Evaluation {
+                shape: &rule.shape,
+                quotas: &micros,
+                cost,
+                recording,
+                penalty: rule.penalty.as_ref().map(|_| &penalty_micro),
+            };
+            let outcome = evaluate(&evaluation, &mut states, record.as_mut(), now);
+            let decision = lean.decision(reply[0], mine).unwrap();
+            assert_eq!(
+                decision, outcome.decision,
+                "batch {batch}, hit {i} ({user}, rule {r}): the decision from {mine:?}"
+            );
+            hits += 1;
+            denied += u64::from(!decision.allowed());
+            shared_denials += u64::from(!decision.allowed() && r < 2 && decision.leaf == 0);
+            boxed += u64::from(matches!(decision.denial, Some(Denial::Penalized { .. })));
+            never += u64::from(recording == Recording::Always && r == 1 && cost > 3);
+            if outcome.changed {
+                let kept = states
+                    .iter()
+                    .map(|state| match state {
+                        State::Gcra { tat } => Kept::Tat(*tat),
+                        _ => unreachable!(),
+                    })
+                    .chain(record.map(Kept::Record));
+                for (key, kept) in keys.iter().zip(kept) {
+                    if core.get(key) != Some(&kept) {
+                        repeats += u64::from(last_write.contains_key(key.as_str()));
+                        struck += u64::from(matches!(kept, Kept::Record(r) if r.strikes > 0));
+                        last_write.insert(key, kept);
+                    }
+                    core.insert(key.clone(), kept);
+                }
+            }
+        }
+        assert_eq!(
+            at,
+            reply.len(),
+            "batch {batch}: every integer of the reply read"
+        );
+
+        for key in &all_keys {
+            let stored: Option<String> = redis::cmd("GET").arg(key).query(&mut con).unwrap();
+            let expected = core.get(key).copied();
+            let expires_at = match expected {
+                Some(Kept::Record(record)) => {
+                    let stored = stored.as_deref().map(|text| {
+                        let parts: Vec<u64> =
+                            text.split(':').map(|part| part.parse().unwrap()).collect();
+                        PenaltyState {
+                            strikes: parts[0] as u32,
+                            until: parts[1],
+                            last_strike: parts[2],
+                        }
+                    });
+                    let at = penalty_micro.expires_at(&record);
+                    if at > now {
+                        assert_eq!(stored, Some(record), "batch {batch}: {key}'s record");
+                    }
+                    at
+                }
+                Some(Kept::Tat(tat)) => {
+                    let stored: u64 = stored.map_or(0, |text| text.parse().unwrap());
+                    assert_eq!(
+                        stored.max(now),
+                        tat.max(now),
+                        "batch {batch}: {key} holds the core's final TAT"
+                    );
+                    tat
+                }
+                None => {
+                    assert_eq!(stored, None, "batch {batch}: {key} was never written");
+                    0
+                }
+            };
+            if last_write.contains_key(key.as_str()) && expires_at > now {
+                let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
+                let px = (expires_at - now).div_ceil(1_000).max(1) as i64;
+                assert!(
+                    ttl <= px && ttl > px - 1_000,
+                    "batch {batch}: {key} expires in {ttl} ms, its state in {px}"
+                );
+            }
+        }
+    }
+    assert!(denied * 10 > hits, "only {denied} of {hits} hits denied");
+    assert!(
+        shared_denials > 20,
+        "the shared leaf denied only {shared_denials} hits"
+    );
+    assert!(repeats > 300, "only {repeats} repeated writes in a batch");
+    assert!(never > 10, "only {never} counted hits above a burst");
+    assert!(boxed > 50, "only {boxed} hits found their key boxed");
+    assert!(struck > 50, "only {struck} strikes");
+    assert!(edges > 60, "only {edges} batches at a penalty's edges");
+}
+
+/// A reply of another length than the rule's, or a negative number, is an error, never a
+/// decision.
+#[test]
+fn a_reply_of_the_wrong_shape_is_an_error() {
+    let rule = Rule::new(vec![quota(5, 1, 5), quota(40, 1, 40)], None);
+    let lean = rule.lean(1, Recording::Admitted);
+    assert!(lean.decision(1_000, &[0]).is_err());
+    assert!(lean.decision(1_000, &[0, 0, 0]).is_err());
+    assert!(lean.decision(1_000, &[0, -1]).is_err());
+    assert!(lean.decision(-1, &[0, 0]).is_err());
+    assert!(lean.decision(1_000, &[0, 0]).unwrap().allowed());
+    let seconds = Duration::from_secs;
+    let penalty = Penalty::new(seconds(1), 2, seconds(60), seconds(600)).unwrap();
+    let login = Rule::new(vec![quota(5, 60, 5)], Some(penalty)).lean(1, Recording::Always);
+    assert!(login.decision(1_000, &[0]).is_err(), "no record");
+    assert!(login.decision(1_000, &[0, -1, 0, 0]).is_err());
+    assert!(login.decision(1_000, &[0, 0, 0, 0]).unwrap().allowed());
+    let boxed = login.decision(1_000, &[0, 1, 5_000, 900]).unwrap();
+    assert!(matches!(boxed.denial, Some(Denial::Penalized { .. })));
+}
