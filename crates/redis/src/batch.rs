@@ -225,22 +225,48 @@ async fn send(store: &RedisStore, batch: Vec<Pending>) {
             .iter()
             .map(|pending| (pending.key.as_str(), pending.arguments)),
     );
-    let result: Result<Vec<i64>, RedisError> = store.eval(&GCRA_BATCH, &keys, &arguments).await;
+    let result = store.eval(&GCRA_BATCH, &keys, &arguments).await;
+    answer_each(
+        batch,
+        result,
+        0,
+        |_| 1,
+        |pending, answer| {
+            let _ = pending.reply.send(answer.map(|(_, debt)| debt[0]));
+        },
+    );
+}
+
+/// Answers each step of a batch from its call's `result`: a reply of `head` integers that
+/// every step shares (Redis's `now`), then each step's own `len` integers, in order. Each
+/// step gets (head, its own), or the call's error; a reply of another length is an error
+/// for every step (a call that failed decided nothing that anyone is told was admitted).
+pub(crate) fn answer_each<P>(
+    batch: Vec<P>,
+    result: Result<Vec<i64>, RedisError>,
+    head: usize,
+    len: impl Fn(&P) -> usize,
+    answer: impl Fn(P, Result<(&[i64], &[i64]), RedisError>),
+) {
+    let wanted = head + batch.iter().map(&len).sum::<usize>();
     match result {
-        Ok(debts) if debts.len() == batch.len() => {
-            for (pending, debt) in batch.into_iter().zip(debts) {
-                let _ = pending.reply.send(Ok(debt));
+        Ok(reply) if reply.len() == wanted => {
+            let (shared, mut rest) = reply.split_at(head);
+            for step in batch {
+                let (own, next) = rest.split_at(len(&step));
+                rest = next;
+                answer(step, Ok((shared, own)));
             }
         }
-        Ok(debts) => {
-            let wrong = format!("{} replies to a batch of {}", debts.len(), batch.len());
-            for pending in batch {
-                let _ = pending.reply.send(Err(RedisError::Reply(wrong.clone())));
+        Ok(reply) => {
+            let wrong = format!("{} integers in reply, {wanted} expected", reply.len());
+            for step in batch {
+                answer(step, Err(RedisError::Reply(wrong.clone())));
             }
         }
         Err(e) => {
-            for pending in batch {
-                let _ = pending.reply.send(Err(e.clone()));
+            for step in batch {
+                answer(step, Err(e.clone()));
             }
         }
     }
@@ -327,5 +353,44 @@ impl RedisStore {
         };
         let alone = batcher.submit(self, pending(key(identifier), slot, reply))?;
         self.await_batched(alone, answer).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answer_each;
+    use crate::RedisError;
+    use std::cell::RefCell;
+
+    /// Each step gets the shared head and its own part, in order; a reply of another length
+    /// or a failed call is an error for every step, never a part of another's reply.
+    #[test]
+    fn each_step_gets_its_own_part_or_the_error() {
+        let got = RefCell::new(Vec::new());
+        let record = |step: usize, answer: Result<(&[i64], &[i64]), RedisError>| {
+            let answer = answer.map(|(head, own)| (head.to_vec(), own.to_vec()));
+            got.borrow_mut()
+                .push((step, answer.map_err(|e| e.to_string())));
+        };
+        answer_each(vec![1, 3, 0], Ok(vec![9, 1, 2, 3, 4]), 1, |n| *n, record);
+        assert_eq!(
+            *got.borrow(),
+            [
+                (1, Ok((vec![9], vec![1]))),
+                (3, Ok((vec![9], vec![2, 3, 4]))),
+                (0, Ok((vec![9], vec![]))),
+            ]
+        );
+        got.borrow_mut().clear();
+        answer_each(vec![1, 3], Ok(vec![9, 1, 2, 3]), 1, |n| *n, record);
+        answer_each(
+            vec![2],
+            Err(RedisError::Reply("down".into())),
+            0,
+            |n| *n,
+            record,
+        );
+        let errors: Vec<bool> = got.borrow().iter().map(|(_, a)| a.is_err()).collect();
+        assert_eq!(errors, [true, true, true]);
     }
 }

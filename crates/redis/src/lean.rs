@@ -20,7 +20,9 @@ fn lean_quota<'h>(hit: &'h Hit<'_>, algorithm: Algorithm) -> Option<&'h Quota> {
 }
 
 /// A hit of the lean script's shape (one leaf, GCRA, no penalty): its ARGV for
-/// [`GCRA_BATCH`](crate::script::GCRA_BATCH), and its decision from the script's one-integer reply.
+/// [`GCRA_BATCH`], and its decision from the script's one-integer reply.
+///
+/// [`GCRA_BATCH`]: crate::script::GCRA_BATCH
 #[derive(Debug, Clone, Copy)]
 pub struct LeanGcra {
     /// The quota counted in microseconds.
@@ -30,7 +32,9 @@ pub struct LeanGcra {
 }
 
 impl LeanGcra {
-    /// `Some` when `hit` has the lean script's shape; `None` sends it to [`DECIDE`](crate::script::DECIDE).
+    /// `Some` when `hit` has the lean script's shape; `None` sends it to [`DECIDE`].
+    ///
+    /// [`DECIDE`]: crate::script::DECIDE
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanGcra>, RedisError> {
         let Some(quota) = lean_quota(hit, Algorithm::Gcra) else {
             return Ok(None);
@@ -72,7 +76,9 @@ impl LeanGcra {
 }
 
 /// A hit of the lean fixed-window script's shape (one leaf, fixed window, no penalty): its
-/// ARGV for [`FIXED_BATCH`](crate::script::FIXED_BATCH), and its decision from the script's two-integer reply.
+/// ARGV for [`FIXED_BATCH`], and its decision from the script's two-integer reply.
+///
+/// [`FIXED_BATCH`]: crate::script::FIXED_BATCH
 #[derive(Debug, Clone, Copy)]
 pub struct LeanFixed {
     /// The quota counted in microseconds.
@@ -139,7 +145,9 @@ impl LeanFixed {
 }
 
 /// A hit of the lean sliding-window script's shape (one leaf, sliding window, no penalty):
-/// its ARGV for [`SLIDING_BATCH`](crate::script::SLIDING_BATCH), and its decision from the script's three-integer reply.
+/// its ARGV for [`SLIDING_BATCH`], and its decision from the script's three-integer reply.
+///
+/// [`SLIDING_BATCH`]: crate::script::SLIDING_BATCH
 #[derive(Debug, Clone, Copy)]
 pub struct LeanSliding {
     /// The quota counted in microseconds.
@@ -209,12 +217,15 @@ impl LeanSliding {
     }
 }
 
-/// ARGV for [`GCRA_BATCH`](crate::script::GCRA_BATCH) deciding hits of these arguments ([`LeanGcra::arguments`]) in
-/// order, or for [`FIXED_BATCH`](crate::script::FIXED_BATCH) ([`LeanFixed::arguments`]): the distinct sets, then each
+/// ARGV for [`GCRA_BATCH`] deciding hits of these arguments ([`LeanGcra::arguments`]) in
+/// order, or for [`FIXED_BATCH`] ([`LeanFixed::arguments`]): the distinct sets, then each
 /// hit's set number, left out when there is one set (Redis then parses and the script reads
 /// one argument a hit fewer).
-pub fn batch_arguments<const N: usize>(hits: impl IntoIterator<Item = [u64; N]>) -> Vec<u64> {
-    let mut sets: Vec<[u64; N]> = Vec::new();
+///
+/// [`GCRA_BATCH`]: crate::script::GCRA_BATCH
+/// [`FIXED_BATCH`]: crate::script::FIXED_BATCH
+pub fn batch_arguments<S: AsRef<[u64]> + PartialEq>(hits: impl IntoIterator<Item = S>) -> Vec<u64> {
+    let mut sets: Vec<S> = Vec::new();
     let mut numbers = Vec::new();
     for hit in hits {
         let number = match sets.iter().position(|set| *set == hit) {
@@ -226,21 +237,26 @@ pub fn batch_arguments<const N: usize>(hits: impl IntoIterator<Item = [u64; N]>)
         };
         numbers.push(number as u64 + 1);
     }
-    let mut args = Vec::with_capacity(1 + sets.len() * N + numbers.len());
-    args.push(sets.len() as u64);
+    let mut args = vec![sets.len() as u64];
     let one = sets.len() == 1;
-    args.extend(sets.into_iter().flatten());
+    for set in &sets {
+        args.extend_from_slice(set.as_ref());
+    }
     if !one {
         args.extend(numbers);
     }
     args
 }
 
-/// KEYS and ARGV for a lean script ([`GCRA_BATCH`](crate::script::GCRA_BATCH), [`FIXED_BATCH`](crate::script::FIXED_BATCH), [`SLIDING_BATCH`](crate::script::SLIDING_BATCH))
-/// deciding `hits` (each its key and its arguments) in order: one key per hit and
-/// [`batch_arguments`]; or, when the hits share one key and one parameter set (a limit
-/// every caller hits), the key once and the number of hits after the set, which spares
-/// Redis a quarter of its instructions per hit (`benches/lua_instructions.sh`).
+/// KEYS and ARGV for a lean script of one key a hit ([`GCRA_BATCH`], [`FIXED_BATCH`],
+/// [`SLIDING_BATCH`]) deciding `hits` (each its key and its arguments) in order: one key
+/// per hit and [`batch_arguments`]; or, when the hits share one key and one parameter set
+/// (a limit every caller hits), the key once and the number of hits after the set, which
+/// spares Redis a quarter of its instructions per hit (`benches/lua_instructions.sh`).
+///
+/// [`GCRA_BATCH`]: crate::script::GCRA_BATCH
+/// [`FIXED_BATCH`]: crate::script::FIXED_BATCH
+/// [`SLIDING_BATCH`]: crate::script::SLIDING_BATCH
 pub fn batch_call<'k, const N: usize>(
     hits: impl IntoIterator<Item = (&'k str, [u64; N])>,
 ) -> (Vec<&'k str>, Vec<u64>) {
@@ -254,8 +270,10 @@ pub fn batch_call<'k, const N: usize>(
     (keys, arguments)
 }
 
-/// ARGV for [`GCRA_BATCH`](crate::script::GCRA_BATCH) deciding `hit` alone, as text; `None` when `hit` does not have
+/// ARGV for [`GCRA_BATCH`] deciding `hit` alone, as text; `None` when `hit` does not have
 /// the lean shape (see [`LeanGcra`]).
+///
+/// [`GCRA_BATCH`]: crate::script::GCRA_BATCH
 pub fn gcra_one_arguments(hit: &Hit<'_>) -> Result<Option<Vec<String>>, RedisError> {
     Ok(LeanGcra::of(hit)?.map(|lean| {
         batch_arguments([lean.arguments()])

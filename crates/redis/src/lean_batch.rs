@@ -9,8 +9,7 @@
 
 use std::sync::LazyLock;
 
-use crate::RedisError;
-use crate::batch::{Answer, Batched};
+use crate::batch::{Answer, Batched, answer_each};
 use crate::script::{Lua, batch_call};
 use crate::store::RedisStore;
 
@@ -56,29 +55,15 @@ async fn send<const A: usize, const R: usize>(store: &RedisStore, batch: Vec<Lea
             .iter()
             .map(|pending| (pending.key.as_str(), pending.arguments)),
     );
-    let result: Result<Vec<i64>, RedisError> = store.eval(script, &keys, &arguments).await;
-    match result {
-        Ok(replies) if replies.len() == R * batch.len() => {
-            for (pending, reply) in batch.into_iter().zip(replies.chunks_exact(R)) {
-                let mut answer = [0; R];
-                answer.copy_from_slice(reply);
-                let _ = pending.reply.send(Ok(answer));
-            }
-        }
-        Ok(replies) => {
-            let wrong = format!(
-                "{} integers in reply to a batch of {} lean hits of {R} each",
-                replies.len(),
-                batch.len()
-            );
-            for pending in batch {
-                let _ = pending.reply.send(Err(RedisError::Reply(wrong.clone())));
-            }
-        }
-        Err(e) => {
-            for pending in batch {
-                let _ = pending.reply.send(Err(e.clone()));
-            }
-        }
-    }
+    let result = store.eval(script, &keys, &arguments).await;
+    answer_each(
+        batch,
+        result,
+        0,
+        |_| R,
+        |pending, answer| {
+            let answer = answer.map(|(_, own)| <[i64; R]>::try_from(own).expect("R integers"));
+            let _ = pending.reply.send(answer);
+        },
+    );
 }

@@ -18,8 +18,8 @@ use sluice_core::{
 use sluice_limiter::Hit;
 
 use crate::RedisError;
-use crate::batch::{Answer, Batched};
-use crate::script::{GCRA_RULE_BATCH, TICK_NS, micro, recording_code};
+use crate::batch::{Answer, Batched, answer_each};
+use crate::script::{GCRA_RULE_BATCH, TICK_NS, batch_arguments, micro, recording_code};
 use crate::slot::key;
 use crate::store::RedisStore;
 
@@ -165,27 +165,8 @@ impl LeanGcraRule {
 pub fn rule_batch_call<'k>(
     hits: impl IntoIterator<Item = (Vec<&'k str>, Vec<u64>)>,
 ) -> (Vec<&'k str>, Vec<u64>) {
-    let mut keys = Vec::new();
-    let mut sets: Vec<Vec<u64>> = Vec::new();
-    let mut numbers = Vec::new();
-    for (hit_keys, set) in hits {
-        keys.extend(hit_keys);
-        let number = match sets.iter().position(|known| *known == set) {
-            Some(i) => i,
-            None => {
-                sets.push(set);
-                sets.len() - 1
-            }
-        };
-        numbers.push(number as u64 + 1);
-    }
-    let mut arguments = vec![sets.len() as u64];
-    let one = sets.len() == 1;
-    arguments.extend(sets.into_iter().flatten());
-    if !one {
-        arguments.extend(numbers);
-    }
-    (keys, arguments)
+    let (keys, sets): (Vec<Vec<&str>>, Vec<Vec<u64>>) = hits.into_iter().unzip();
+    (keys.concat(), batch_arguments(sets))
 }
 
 /// One queued rule hit: its keys (one per leaf, then its penalty record's), its parameter
@@ -222,30 +203,17 @@ async fn send(store: &RedisStore, batch: Vec<RulePending>) {
         let keys = pending.keys.iter().map(String::as_str).collect();
         (keys, pending.arguments.clone())
     }));
-    let result: Result<Vec<i64>, RedisError> =
-        store.eval(&GCRA_RULE_BATCH, &keys, &arguments).await;
-    let wanted = 1 + batch.iter().map(|pending| pending.reply_len).sum::<usize>();
-    match result {
-        Ok(reply) if reply.len() == wanted => {
-            let now = reply[0];
-            let mut rest = reply.into_iter().skip(1);
-            for pending in batch {
-                let mine = rest.by_ref().take(pending.reply_len).collect();
-                let _ = pending.reply.send(Ok((now, mine)));
-            }
-        }
-        Ok(reply) => {
-            let wrong = format!("{} integers in reply, {wanted} expected", reply.len());
-            for pending in batch {
-                let _ = pending.reply.send(Err(RedisError::Reply(wrong.clone())));
-            }
-        }
-        Err(e) => {
-            for pending in batch {
-                let _ = pending.reply.send(Err(e.clone()));
-            }
-        }
-    }
+    let result = store.eval(&GCRA_RULE_BATCH, &keys, &arguments).await;
+    answer_each(
+        batch,
+        result,
+        1,
+        |pending| pending.reply_len,
+        |pending, answer| {
+            let answer = answer.map(|(now, own)| (now[0], own.to_vec()));
+            let _ = pending.reply.send(answer);
+        },
+    );
 }
 
 impl RedisStore {
