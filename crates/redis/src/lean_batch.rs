@@ -9,6 +9,7 @@
 
 use std::sync::LazyLock;
 
+use crate::RedisError;
 use crate::batch::{Answer, Batched, answer_each};
 use crate::script::{Lua, batch_call};
 use crate::store::RedisStore;
@@ -62,7 +63,10 @@ async fn send<const A: usize, const R: usize>(store: &RedisStore, batch: Vec<Lea
         0,
         |_| R,
         |pending, answer| {
-            let answer = answer.map(|(_, own)| <[i64; R]>::try_from(own).expect("R integers"));
+            let answer = answer.and_then(|(_, own)| {
+                <[i64; R]>::try_from(own)
+                    .map_err(|_| RedisError::Reply(format!("{own:?}: not {R} integers")))
+            });
             let _ = pending.reply.send(answer);
         },
     );

@@ -73,7 +73,7 @@ pub(crate) struct Inner {
     fixed_batcher: Batcher<FixedPending>,
     /// The queue of lean sliding-window hits, sent in batches.
     sliding_batcher: Batcher<SlidingPending>,
-    /// The queue of lean `or` rules of GCRA leaves, sent in batches.
+    /// The queue of lean GCRA rules (leaves joined by `;`, penalties), sent in batches.
     rule_batcher: Batcher<RulePending>,
     /// The queue of single-leaf lease steps, sent in batches.
     lease_batcher: Batcher<LeasePending>,
@@ -484,8 +484,7 @@ impl RedisStore {
     /// Decides `hit` in one script call: a lean script for the lean shapes (one GCRA,
     /// fixed-window or sliding-window leaf without a penalty; GCRA leaves joined by `;`, or
     /// one GCRA leaf, with a penalty or not), batched with the other hits of its shape
-    /// waiting; the whole one otherwise. Every key
-    /// must be in one slot on a cluster.
+    /// waiting; the whole one otherwise. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
         if let Some(lean) = LeanGcra::of(hit)? {
             return self.decide_lean(hit, lean).await;
