@@ -5,6 +5,9 @@
 //! `now`, leave each key holding the core's final state, and give a written key the expiry
 //! of its window's end (the script writes a key once per batch, after its last hit).
 
+#[path = "lean/run.rs"]
+mod lean;
+
 use std::collections::BTreeMap;
 
 use sluice_core::{
@@ -14,10 +17,6 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, batch_call, micro};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
-
-/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
-/// taken off `ARGV` so the script sees the arguments the store sends.
-const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
 
 /// A fixed-window quota of `count` per `seconds`, as the limiter hands it to the store.
 fn quota(count: u64, seconds: u64) -> Quota {
@@ -56,7 +55,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = redis::Script::new(&format!("{TEST_ENTRY}{FIXED_BATCH_LUA}"));
+    let script = lean::script(FIXED_BATCH_LUA);
 
     // The last, 2 a second, often sees a cost above its limit in a window of its own.
     let quotas = [quota(5, 1), quota(3, 60), quota(100, 10), quota(2, 1)];
@@ -94,19 +93,11 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
             }
         }
         // As the store sends them: a hot key's batch as the key once and a count of hits.
-        let (call_keys, mut args) = batch_call(sent.iter().map(|&(key, cost, recording)| {
+        let (call_keys, args) = batch_call(sent.iter().map(|&(key, cost, recording)| {
             (keys[key], lean(quotas[key], cost, recording).arguments())
         }));
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
-        args.push(now);
-        let mut invocation = script.prepare_invoke();
-        for key in &call_keys {
-            invocation.key(*key);
-        }
-        for arg in &args {
-            invocation.arg(*arg);
-        }
-        let reply: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        let reply = lean::run(&mut con, &script, &call_keys, &args, now);
         assert_eq!(reply.len(), 2 * sent.len());
 
         let mut last_write: BTreeMap<&str, State> = BTreeMap::new();

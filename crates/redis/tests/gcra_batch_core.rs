@@ -5,6 +5,9 @@
 //! core's final TAT, and give a written key the expiry of that final TAT (the script writes
 //! a key once per batch, after its last hit).
 
+#[path = "lean/run.rs"]
+mod lean;
+
 use std::collections::BTreeMap;
 
 use sluice_core::{
@@ -13,10 +16,6 @@ use sluice_core::{
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, batch_call, micro};
 use sluice_testkit::RedisServer;
-
-/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
-/// taken off `ARGV` so the script sees the arguments the store sends.
-const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
 
 /// xorshift64*, so every run replays the same hits.
 fn next(state: &mut u64) -> u64 {
@@ -59,7 +58,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = redis::Script::new(&format!("{TEST_ENTRY}{GCRA_BATCH_LUA}"));
+    let script = lean::script(GCRA_BATCH_LUA);
 
     let quotas = [quota(5, 1), quota(3, 60), quota(100, 10)];
     // The core decides in the script's unit, microseconds.
@@ -89,20 +88,12 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
                 _ => sent.push((keys[key], q, cost, recording)),
             }
         }
-        let (call_keys, mut args) = batch_call(
+        let (call_keys, args) = batch_call(
             sent.iter()
                 .map(|&(key, q, cost, recording)| (key, lean_arguments(q, cost, recording))),
         );
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
-        args.push(now);
-        let mut invocation = script.prepare_invoke();
-        for key in &call_keys {
-            invocation.key(*key);
-        }
-        for arg in &args {
-            invocation.arg(*arg);
-        }
-        let debts: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        let debts = lean::run(&mut con, &script, &call_keys, &args, now);
         assert_eq!(debts.len(), sent.len());
 
         let mut last_write: BTreeMap<&str, u64> = BTreeMap::new();

@@ -7,6 +7,9 @@
 //! one after the other at the batch's `now`, leave each key holding the core's final state,
 //! and give a written key the expiry of that state (the script writes a key once a batch).
 
+#[path = "lean/run.rs"]
+mod lean;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -18,10 +21,6 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{GCRA_RULE_BATCH_LUA, LeanGcraRule, TICK_NS, micro, rule_batch_call};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
-
-/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
-/// taken off `ARGV` so the script sees the arguments the store sends.
-const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
 
 /// A GCRA quota of `count` per `seconds` with a burst of `burst`, as the limiter hands it
 /// to the store.
@@ -89,7 +88,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = redis::Script::new(&format!("{TEST_ENTRY}{GCRA_RULE_BATCH_LUA}"));
+    let script = lean::script(GCRA_RULE_BATCH_LUA);
 
     // The shared leaf, 10 a second, is reached by busy batches; the per-user ones by a
     // user's own hits. A cost of 4 exceeds the second rule's first leaf's burst of 3. The
@@ -183,21 +182,13 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         }
         let hit_keys: Vec<Vec<String>> =
             sent.iter().map(|&(r, user, ..)| keys_of(r, user)).collect();
-        let (call_keys, mut args) = rule_batch_call(sent.iter().zip(&hit_keys).map(
+        let (call_keys, args) = rule_batch_call(sent.iter().zip(&hit_keys).map(
             |(&(r, _, cost, recording), keys)| {
                 let keys = keys.iter().map(String::as_str).collect();
                 (keys, rules[r].lean(cost, recording).arguments())
             },
         ));
-        args.push(now);
-        let mut invocation = script.prepare_invoke();
-        for key in &call_keys {
-            invocation.key(*key);
-        }
-        for arg in &args {
-            invocation.arg(*arg);
-        }
-        let reply: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        let reply = lean::run(&mut con, &script, &call_keys, &args, now);
         assert_eq!(reply[0] as u64, now, "the reply starts with the call's now");
 
         let mut last_write: BTreeMap<&str, Kept> = BTreeMap::new();

@@ -6,6 +6,9 @@
 //! holding the core's state, and give a written key the expiry the core gives its state
 //! (the script writes a key once per batch, after its last hit).
 
+#[path = "lean/run.rs"]
+mod lean;
+
 use std::collections::BTreeMap;
 
 use sluice_core::{
@@ -15,10 +18,6 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{LeanSliding, SLIDING_BATCH_LUA, batch_call, micro};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
-
-/// The lean script's test entry: `now` from the last argument instead of Redis's clock,
-/// taken off `ARGV` so the script sees the arguments the store sends.
-const TEST_ENTRY: &str = "local now = tonumber(table.remove(ARGV))\n";
 
 /// Reads a key's state as Redis holds it: msgpack [newest, c_0 .. c_{G-1}], unpacked by
 /// Redis's own cmsgpack.
@@ -71,7 +70,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = redis::Script::new(&format!("{TEST_ENTRY}{SLIDING_BATCH_LUA}"));
+    let script = lean::script(SLIDING_BATCH_LUA);
     let read = redis::Script::new(READ);
 
     // The last two share key k3 with different sub-window counts: each takes the other's
@@ -124,20 +123,12 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
             }
         }
         // As the store sends them: a hot key's batch as the key once and a count of hits.
-        let (call_keys, mut args) = batch_call(sent.iter().map(|&(which, cost, recording)| {
+        let (call_keys, args) = batch_call(sent.iter().map(|&(which, cost, recording)| {
             let arguments = lean(quotas[which], cost, recording).arguments();
             (keys[key_of[which]], arguments)
         }));
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
-        args.push(now);
-        let mut invocation = script.prepare_invoke();
-        for key in &call_keys {
-            invocation.key(*key);
-        }
-        for arg in &args {
-            invocation.arg(*arg);
-        }
-        let reply: Vec<i64> = invocation.invoke(&mut con).expect("the batch runs");
+        let reply = lean::run(&mut con, &script, &call_keys, &args, now);
         assert_eq!(reply.len(), 3 * sent.len());
 
         let mut written: BTreeMap<&str, (usize, State)> = BTreeMap::new();
