@@ -110,13 +110,13 @@ impl Listener {
             let io = Idle::new(stream, self.limits.idle);
             self.counts.open.fetch_add(1, Ordering::Relaxed);
             return Connection {
-                io,
-                peer,
-                first_byte: self.limits.first_byte,
                 _held: Held {
                     _permit: permit,
                     counts: self.counts.clone(),
                 },
+                io,
+                peer,
+                first_byte: self.limits.first_byte,
             };
         }
     }
@@ -136,10 +136,14 @@ impl Drop for Held {
 
 /// An accepted connection: reads and writes fail once the peer has been idle too long.
 pub(crate) struct Connection {
+    /// Dropped first (fields drop in order): a connection leaves the count before its
+    /// socket closes, so a peer that has seen it closed never reads it still counted in
+    /// the metrics. (Last, the hardening test's metrics read once found a silent connection
+    /// counted after its peer had seen the close.)
+    _held: Held,
     io: Idle<TcpStream>,
     peer: SocketAddr,
     first_byte: Option<Duration>,
-    _held: Held,
 }
 
 impl Connection {
