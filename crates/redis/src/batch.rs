@@ -1,6 +1,6 @@
 //! Batching: lean GCRA decisions waiting for the same connection go to Redis as one call of
 //! [`GCRA_BATCH`], which decides each in order (each atomic, each its own answer); lean
-//! fixed-window and sliding-window hits (`src/lean_batch.rs`) and single-leaf lease steps
+//! fixed-window, sliding-window and sliding-log hits (`src/lean_batch.rs`) and single-leaf lease steps
 //! (`src/lease_batch.rs`) go the same way, each kind in its own queue.
 //!
 //! There is no timer. A hit that finds nothing waiting and a call slot free is sent at once,
@@ -26,9 +26,13 @@ use sluice_limiter::{Hit, Identifier};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::RedisError;
-use crate::lean_batch::{FixedPending, SlidingPending};
+use crate::lean_batch::{FixedPending, LogPending, SlidingPending};
+use crate::lease_batch::LeasePending;
+use crate::rule_batch::RulePending;
 use crate::script::batch_call;
-use crate::script::{FIXED_BATCH, GCRA_BATCH, LeanFixed, LeanGcra, LeanSliding, SLIDING_BATCH};
+use crate::script::{
+    FIXED_BATCH, GCRA_BATCH, LOG_BATCH, LeanFixed, LeanGcra, LeanLog, LeanSliding, SLIDING_BATCH,
+};
 use crate::slot::{key, slot_of};
 use crate::store::{Inner, RedisStore};
 
@@ -81,6 +85,36 @@ impl Batched for Pending {
 
     async fn send(store: RedisStore, batch: Vec<Self>) {
         send(&store, batch).await;
+    }
+}
+
+/// A store's queues, one per kind of batched step.
+pub(crate) struct Queues {
+    /// Lean GCRA hits.
+    pub gcra: Batcher,
+    /// Lean fixed-window hits.
+    pub fixed: Batcher<FixedPending>,
+    /// Lean sliding-window hits.
+    pub sliding: Batcher<SlidingPending>,
+    /// Lean sliding-log hits.
+    pub log: Batcher<LogPending>,
+    /// Lean GCRA rules (leaves joined by `;`, penalties).
+    pub rule: Batcher<RulePending>,
+    /// Single-leaf lease steps.
+    pub lease: Batcher<LeasePending>,
+}
+
+impl Queues {
+    /// Starts every queue's writer task (see [`Batcher::start`]).
+    pub(crate) fn start(store: &Weak<Inner>, cluster: bool) -> Queues {
+        Queues {
+            gcra: Batcher::start(store.clone(), cluster),
+            fixed: Batcher::start(store.clone(), cluster),
+            sliding: Batcher::start(store.clone(), cluster),
+            log: Batcher::start(store.clone(), cluster),
+            rule: Batcher::start(store.clone(), cluster),
+            lease: Batcher::start(store.clone(), cluster),
+        }
     }
 }
 
@@ -280,7 +314,7 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanGcra,
     ) -> Result<Decision, RedisError> {
-        let batcher = self.gcra_batcher();
+        let batcher = &self.queues().gcra;
         let debt = self
             .batched(batcher, &hit.identifiers[0], |key, slot, reply| Pending {
                 key,
@@ -299,7 +333,7 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanFixed,
     ) -> Result<Decision, RedisError> {
-        let batcher = self.fixed_batcher();
+        let batcher = &self.queues().fixed;
         let [used, left] = self
             .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
                 FixedPending {
@@ -307,6 +341,7 @@ impl RedisStore {
                     arguments: lean.arguments(),
                     slot,
                     script: &FIXED_BATCH,
+                    token: false,
                     reply,
                 }
             })
@@ -321,7 +356,7 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanSliding,
     ) -> Result<Decision, RedisError> {
-        let batcher = self.sliding_batcher();
+        let batcher = &self.queues().sliding;
         let verdict = self
             .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
                 SlidingPending {
@@ -329,6 +364,30 @@ impl RedisStore {
                     arguments: lean.arguments(),
                     slot,
                     script: &SLIDING_BATCH,
+                    token: false,
+                    reply,
+                }
+            })
+            .await?;
+        lean.decision(verdict)
+    }
+
+    /// Queues a lean sliding-log hit for the next batch and waits, within the store's
+    /// timeout, for its verdict (three integers), which makes the decision.
+    pub(crate) async fn decide_log(
+        &self,
+        hit: &Hit<'_>,
+        lean: LeanLog,
+    ) -> Result<Decision, RedisError> {
+        let batcher = &self.queues().log;
+        let verdict = self
+            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
+                LogPending {
+                    key,
+                    arguments: lean.arguments(),
+                    slot,
+                    script: &LOG_BATCH,
+                    token: true,
                     reply,
                 }
             })

@@ -1,6 +1,6 @@
 //! The lean shapes: hits the Redis store decides through a lean batched script instead of
-//! the whole decision script (one GCRA, fixed-window or sliding-window leaf without a
-//! penalty), their arguments, their decisions from each script's reply, and the KEYS and
+//! the whole decision script (one GCRA, fixed-window, sliding-window or sliding-log leaf
+//! without a penalty), their arguments, their decisions from each script's reply, and the KEYS and
 //! ARGV of a batch of them.
 
 use sluice_core::{Algorithm, Decision, Quota, Recording, Retry, Shape, State, Verdict};
@@ -182,39 +182,85 @@ impl LeanSliding {
         ]
     }
 
-    /// The decision from the hit's reply, the script's verdict: `remaining`, `reset_after`
-    /// and `retry` (-1 now: admitted; -2 never; otherwise the ticks to wait). A reply no
-    /// verdict of this quota can give is an error, never an admission.
-    pub fn decision(
-        &self,
-        [remaining, reset_after, retry]: [i64; 3],
-    ) -> Result<Decision, RedisError> {
-        let q = &self.quota;
-        let limit = q.limit();
-        let wrong = || {
-            RedisError::Reply(format!(
-                "sliding window reply {remaining}, {reset_after}, {retry} for a limit of {limit}"
-            ))
-        };
-        let remaining = u64::try_from(remaining)
-            .ok()
-            .filter(|r| *r <= limit)
-            .ok_or_else(wrong)?;
-        let reset_after = u64::try_from(reset_after).map_err(|_| wrong())?;
-        let retry = match retry {
-            -1 => Retry::Now,
-            -2 => Retry::Never,
-            after => Retry::After(u64::try_from(after).map_err(|_| wrong())?),
-        };
-        let verdict = Verdict {
-            allowed: retry == Retry::Now,
-            limit,
-            remaining,
-            reset_after,
-            retry,
-        };
-        Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
+    /// The decision from the hit's reply, the script's verdict (see [`verdict_decision`]).
+    pub fn decision(&self, reply: [i64; 3]) -> Result<Decision, RedisError> {
+        verdict_decision(self.quota.limit(), reply, "sliding window")
     }
+}
+
+/// A hit of the lean sliding-log script's shape (one leaf, sliding log, no penalty): its
+/// ARGV for [`LOG_BATCH`], and its decision from the script's three-integer reply.
+///
+/// [`LOG_BATCH`]: crate::script::LOG_BATCH
+#[derive(Debug, Clone, Copy)]
+pub struct LeanLog {
+    /// The quota counted in microseconds.
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl LeanLog {
+    /// `Some` when `hit` has the lean sliding-log shape; `None` sends it elsewhere.
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanLog>, RedisError> {
+        let Some(quota) = lean_quota(hit, Algorithm::SlidingLog) else {
+            return Ok(None);
+        };
+        Ok(Some(LeanLog {
+            quota: micro(quota)?,
+            cost: hit.evaluation.cost,
+            recording: hit.evaluation.recording,
+        }))
+    }
+
+    /// The hit's four arguments: cost, recording, limit, window length (microseconds).
+    pub fn arguments(&self) -> [u64; 4] {
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            self.quota.limit(),
+            self.quota.window_ticks(),
+        ]
+    }
+
+    /// The decision from the hit's reply, the script's verdict (see [`verdict_decision`]).
+    pub fn decision(&self, reply: [i64; 3]) -> Result<Decision, RedisError> {
+        verdict_decision(self.quota.limit(), reply, "sliding log")
+    }
+}
+
+/// The decision from a lean script's verdict for a quota of `limit` (`what` names its
+/// algorithm in an error): `remaining`, `reset_after` and `retry` (-1 now: admitted; -2
+/// never; otherwise the ticks to wait). A reply no verdict of the quota can give is an
+/// error, never an admission.
+fn verdict_decision(
+    limit: u64,
+    [remaining, reset_after, retry]: [i64; 3],
+    what: &str,
+) -> Result<Decision, RedisError> {
+    let wrong = || {
+        RedisError::Reply(format!(
+            "{what} reply {remaining}, {reset_after}, {retry} for a limit of {limit}"
+        ))
+    };
+    let remaining = u64::try_from(remaining)
+        .ok()
+        .filter(|r| *r <= limit)
+        .ok_or_else(wrong)?;
+    let reset_after = u64::try_from(reset_after).map_err(|_| wrong())?;
+    let retry = match retry {
+        -1 => Retry::Now,
+        -2 => Retry::Never,
+        after => Retry::After(u64::try_from(after).map_err(|_| wrong())?),
+    };
+    let verdict = Verdict {
+        allowed: retry == Retry::Now,
+        limit,
+        remaining,
+        reset_after,
+        retry,
+    };
+    Ok(Decision::from_verdict(&verdict, 0, TICK_NS))
 }
 
 /// ARGV for [`GCRA_BATCH`] deciding hits of these arguments ([`LeanGcra::arguments`]) in

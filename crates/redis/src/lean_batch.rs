@@ -1,7 +1,8 @@
 //! Batching of the lean hits that answer in more than one integer: one fixed-window leaf
 //! without a penalty (the algorithm Envoy-style configurations use by default,
-//! `lua/fixed_batch.lua`) and one sliding-window leaf without a penalty
-//! (`lua/sliding_batch.lua`), each kind in its own queue, decided in batches as lean GCRA
+//! `lua/fixed_batch.lua`), one sliding-window leaf without a penalty
+//! (`lua/sliding_batch.lua`) and one sliding-log leaf without a penalty
+//! (`lua/log_batch.lua`), each kind in its own queue, decided in batches as lean GCRA
 //! hits are (`src/batch.rs`): in order, each atomic and its own answer, each key written
 //! once per call; a call that fails fails every hit in it. Without them every such decision
 //! was one call of the whole script, about 130,000 Redis instructions
@@ -15,12 +16,14 @@ use crate::script::{Lua, batch_call};
 use crate::store::RedisStore;
 
 /// One queued lean hit: its key, its `A` arguments, its slot (Cluster), the script that
-/// decides its kind, and where its reply (`R` integers) goes.
+/// decides its kind (and whether its ARGV ends with a token unique to the call), and where
+/// its reply (`R` integers) goes.
 pub(crate) struct LeanPending<const A: usize, const R: usize> {
     pub key: String,
     pub arguments: [u64; A],
     pub slot: u16,
     pub script: &'static LazyLock<Lua>,
+    pub token: bool,
     pub reply: Answer<[i64; R]>,
 }
 
@@ -28,6 +31,8 @@ pub(crate) struct LeanPending<const A: usize, const R: usize> {
 pub(crate) type FixedPending = LeanPending<4, 2>;
 /// A lean sliding-window hit: five arguments, three integers for reply.
 pub(crate) type SlidingPending = LeanPending<5, 3>;
+/// A lean sliding-log hit: four arguments, three integers for reply.
+pub(crate) type LogPending = LeanPending<4, 3>;
 
 impl<const A: usize, const R: usize> Batched for LeanPending<A, R> {
     fn slot(&self) -> u16 {
@@ -48,14 +53,17 @@ impl<const A: usize, const R: usize> Batched for LeanPending<A, R> {
 /// its `R` integers, or the call's error (a call that failed decided nothing that anyone is
 /// told was admitted).
 async fn send<const A: usize, const R: usize>(store: &RedisStore, batch: Vec<LeanPending<A, R>>) {
-    let Some(script) = batch.first().map(|pending| pending.script) else {
+    let Some((script, token)) = batch.first().map(|pending| (pending.script, pending.token)) else {
         return;
     };
-    let (keys, arguments) = batch_call(
+    let (keys, mut arguments) = batch_call(
         batch
             .iter()
             .map(|pending| (pending.key.as_str(), pending.arguments)),
     );
+    if token {
+        arguments.push(store.next_token());
+    }
     let result = store.eval(script, &keys, &arguments).await;
     answer_each(
         batch,

@@ -292,7 +292,7 @@ impl RedisStore {
         step: LeaseStep,
         id: u64,
     ) -> Result<LeaseAnswer, RedisError> {
-        self.batched(self.lease_batcher(), identifier, |key, slot, reply| {
+        self.batched(&self.queues().lease, identifier, |key, slot, reply| {
             LeasePending {
                 key,
                 step,

@@ -225,7 +225,7 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanGcraRule,
     ) -> Result<Decision, RedisError> {
-        let batcher = self.rule_batcher();
+        let batcher = &self.queues().rule;
         let (now, reply) = self
             .batched(batcher, &hit.identifiers[0], |_, slot, reply| RulePending {
                 keys: LeanGcraRule::keys(hit),

@@ -10,7 +10,7 @@ use sluice_limiter::Hit;
 use crate::RedisError;
 /// The Cluster slot of an identifier's key, for tests that spread keys over slots.
 pub use crate::lean::{
-    LeanFixed, LeanGcra, LeanSliding, batch_arguments, batch_call, gcra_one_arguments,
+    LeanFixed, LeanGcra, LeanLog, LeanSliding, batch_arguments, batch_call, gcra_one_arguments,
 };
 pub use crate::rule_batch::{LeanGcraRule, MAX_RULE_LEAVES, rule_batch_call};
 pub use crate::slot::slot_of;
@@ -227,6 +227,20 @@ pub static SLIDING_BATCH: LazyLock<Lua> = LazyLock::new(|| {
 
 /// The lean sliding-window script's body alone, for test entry points that define `now`.
 pub const SLIDING_BATCH_LUA: &str = include_str!("lua/sliding_batch.lua");
+
+/// The lean script for one sliding-log leaf without a penalty, deciding a batch of such hits
+/// in order, as [`GCRA_BATCH`] does for GCRA: the writes and the decision of [`DECIDE`] for
+/// that shape, three integers per hit for reply (see [`LeanLog`]). Its ARGV ends with a
+/// token unique to the call, which names the members it adds.
+pub static LOG_BATCH: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("lua/redis_now.lua"),
+        include_str!("lua/log_batch.lua")
+    ))
+});
+
+/// The lean sliding-log script's body alone, for test entry points that define `now`.
+pub const LOG_BATCH_LUA: &str = include_str!("lua/log_batch.lua");
 
 /// The lean script for GCRA leaves joined by `;` (`user:10/s; user:1000/h`), or one GCRA
 /// leaf with a penalty, with or without a penalty, deciding a batch of such hits in order:

@@ -13,11 +13,11 @@ use sluice_core::algorithm::concurrency::Released;
 use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
-use crate::batch::{Batcher, gone};
-use crate::lean_batch::{FixedPending, SlidingPending};
-use crate::lease_batch::LeasePending;
-use crate::rule_batch::{LeanGcraRule, RulePending};
-use crate::script::{DECIDE, LIBRARY, LeanFixed, LeanGcra, LeanSliding, Lua, arguments, decision};
+use crate::batch::{Queues, gone};
+use crate::rule_batch::LeanGcraRule;
+use crate::script::{
+    DECIDE, LIBRARY, LeanFixed, LeanGcra, LeanLog, LeanSliding, Lua, arguments, decision,
+};
 use crate::sentinel::SentinelMaster;
 use crate::slot::{key, slot_of};
 use crate::url::{Target, parse_url};
@@ -67,16 +67,8 @@ pub struct RedisStore {
 
 pub(crate) struct Inner {
     connection: Connection,
-    /// The queue of lean GCRA hits, sent in batches.
-    batcher: Batcher,
-    /// The queue of lean fixed-window hits, sent in batches.
-    fixed_batcher: Batcher<FixedPending>,
-    /// The queue of lean sliding-window hits, sent in batches.
-    sliding_batcher: Batcher<SlidingPending>,
-    /// The queue of lean GCRA rules (leaves joined by `;`, penalties), sent in batches.
-    rule_batcher: Batcher<RulePending>,
-    /// The queue of single-leaf lease steps, sent in batches.
-    lease_batcher: Batcher<LeasePending>,
+    /// The queues of the lean shapes' hits and of lease steps, each sent in batches.
+    queues: Queues,
     /// Leases found expired instead of released (see [`RedisStore::leases_expired`]).
     leases_expired: AtomicU64,
     timeout: Duration,
@@ -186,11 +178,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new_cyclic(|store| Inner {
                 connection,
-                batcher: Batcher::start(store.clone(), cluster),
-                fixed_batcher: Batcher::start(store.clone(), cluster),
-                sliding_batcher: Batcher::start(store.clone(), cluster),
-                rule_batcher: Batcher::start(store.clone(), cluster),
-                lease_batcher: Batcher::start(store.clone(), cluster),
+                queues: Queues::start(store, cluster),
                 leases_expired: AtomicU64::new(0),
                 timeout: self.timeout,
                 wait_replicas: self.wait_replicas,
@@ -254,24 +242,8 @@ impl RedisStore {
         &self.inner.leases_expired
     }
 
-    pub(crate) fn lease_batcher(&self) -> &Batcher<LeasePending> {
-        &self.inner.lease_batcher
-    }
-
-    pub(crate) fn gcra_batcher(&self) -> &Batcher {
-        &self.inner.batcher
-    }
-
-    pub(crate) fn fixed_batcher(&self) -> &Batcher<FixedPending> {
-        &self.inner.fixed_batcher
-    }
-
-    pub(crate) fn sliding_batcher(&self) -> &Batcher<SlidingPending> {
-        &self.inner.sliding_batcher
-    }
-
-    pub(crate) fn rule_batcher(&self) -> &Batcher<RulePending> {
-        &self.inner.rule_batcher
+    pub(crate) fn queues(&self) -> &Queues {
+        &self.inner.queues
     }
 
     pub(crate) fn next_token(&self) -> u64 {
@@ -482,7 +454,7 @@ impl RedisStore {
     }
 
     /// Decides `hit` in one script call: a lean script for the lean shapes (one GCRA,
-    /// fixed-window or sliding-window leaf without a penalty; GCRA leaves joined by `;`, or
+    /// fixed-window, sliding-window or sliding-log leaf without a penalty; GCRA leaves joined by `;`, or
     /// one GCRA leaf, with a penalty or not), batched with the other hits of its shape
     /// waiting; the whole one otherwise. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
@@ -494,6 +466,9 @@ impl RedisStore {
         }
         if let Some(lean) = LeanSliding::of(hit)? {
             return self.decide_sliding(hit, lean).await;
+        }
+        if let Some(lean) = LeanLog::of(hit)? {
+            return self.decide_log(hit, lean).await;
         }
         if let Some(lean) = LeanGcraRule::of(hit)? {
             return self.decide_rule(hit, lean).await;

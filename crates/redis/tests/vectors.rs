@@ -16,9 +16,9 @@ use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
-    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, GCRA_RULE_BATCH_LUA, LeanFixed, LeanGcra,
-    LeanGcraRule, LeanSliding, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
-    rule_batch_call,
+    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, GCRA_RULE_BATCH_LUA, LOG_BATCH_LUA, LeanFixed,
+    LeanGcra, LeanGcraRule, LeanLog, LeanSliding, SLIDING_BATCH_LUA, TICK_NS, arguments,
+    batch_arguments, rule_batch_call,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -49,6 +49,10 @@ enum Script {
     /// sliding_batch.lua: the vectors of one sliding-window leaf without a penalty, the same
     /// way, the decision made from the script's three-integer verdict.
     LeanSliding,
+    /// log_batch.lua: the vectors of one sliding-log leaf without a penalty, the same way
+    /// (a token for the call's members last but one), the decision made from the script's
+    /// three-integer verdict.
+    LeanLog,
     /// gcra_rule_batch.lua: the vectors of one GCRA leaf or an `or` of GCRA leaves, with or
     /// without a penalty, each hit alone in its call, the decision made from the script's
     /// debt per leaf and the penalty record the hit found.
@@ -61,6 +65,7 @@ enum Lean {
     Gcra(LeanGcra),
     Fixed(LeanFixed),
     Sliding(LeanSliding),
+    Log(LeanLog),
     Rule(LeanGcraRule),
 }
 
@@ -124,6 +129,11 @@ fn lean_sliding_window_script_reproduces_every_single_leaf_sliding_window_vector
         "sliding-window",
         20,
     );
+}
+
+#[test]
+fn lean_sliding_log_script_reproduces_every_single_leaf_sliding_log_vector() {
+    lean_script_reproduces_its_vectors(Script::LeanLog, LOG_BATCH_LUA, "sliding-log", 20);
 }
 
 /// Runs every vector of `kind`'s shape through its lean script (`body`); at least `least`
@@ -223,6 +233,7 @@ fn check(
         Script::Lean => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
         Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
         Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
+        Script::LeanLog => Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?)),
         Script::LeanRule => Some(Lean::Rule(LeanGcraRule::of(&hit).expect("arguments")?)),
     };
     // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
@@ -231,6 +242,7 @@ fn check(
     let algorithm = match &lean {
         Some(Lean::Fixed(_)) => Algorithm::FixedWindow,
         Some(Lean::Sliding(_)) => Algorithm::SlidingWindow,
+        Some(Lean::Log(_)) => Algorithm::SlidingLog,
         _ => Algorithm::Gcra,
     };
     let neighbour_quota =
@@ -270,6 +282,14 @@ fn check(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
         }
+        Some(Lean::Log(lean)) => {
+            let neighbour = LeanLog::of(&neighbour_hit).unwrap().expect("a lean hit");
+            let mut args: Vec<String> = text(batch_arguments(
+                [neighbour, lean, neighbour].map(|hit| hit.arguments()),
+            ));
+            args.push(format!("t{index}"));
+            args
+        }
         Some(Lean::Rule(lean)) => {
             let ids: Vec<&str> = keys
                 .iter()
@@ -293,7 +313,7 @@ fn check(
         .collect();
     if matches!(
         lean,
-        Some(Lean::Gcra(_) | Lean::Fixed(_) | Lean::Sliding(_))
+        Some(Lean::Gcra(_) | Lean::Fixed(_) | Lean::Sliding(_) | Lean::Log(_))
     ) {
         all_keys = vec![&before_key, all_keys[0], &after_key];
     }
@@ -351,7 +371,7 @@ fn check(
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };
         }
-        Some(Lean::Sliding(lean)) => {
+        Some(lean @ (Lean::Sliding(_) | Lean::Log(_))) => {
             // A verdict per hit of the batch; the neighbours' keys were fresh, so each was
             // admitted with 4 of its 5 left.
             if reply.len() != 9
@@ -363,7 +383,13 @@ fn check(
                     "batch reply {reply:?}: expected 3 verdicts, admitted around"
                 )]);
             }
-            reply = match lean.decision([reply[3], reply[4], reply[5]]) {
+            let verdict = [reply[3], reply[4], reply[5]];
+            let decision = match lean {
+                Lean::Sliding(lean) => lean.decision(verdict),
+                Lean::Log(lean) => lean.decision(verdict),
+                _ => unreachable!("matched above"),
+            };
+            reply = match decision {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };
