@@ -36,6 +36,11 @@ writes DIR/done. Scenarios:
              that is boxed: what a credential-stuffing flood costs, through the lean rule
              script
   full-login-flood  the same through the whole script
+  log-1      16 sliding-log hits per call (100,000 a minute) through the lean sliding-log
+             script, one key (sent as the key once and a count): every hit admitted, the
+             log growing to the tens of thousands of members a busy key holds
+  log-many   the same at 100 a minute, each hit on a random one of 1,000,000 keys
+  full-log-1, full-log-many  the same sliding log through the whole script
 """
 
 import os
@@ -56,6 +61,11 @@ def load(name, parts=("redis_now.lua", "decimal.lua")):
         with open(os.path.join(lua, part)) as f:
             text += f.read()
     return client.script_load(text)
+
+
+# The sliding log's limit, window, interval, burst and sub-windows (the whole script's six
+# numbers after the algorithm): 100,000 a minute on one key, 100 on many.
+LOG = [100_000 if scenario.endswith("-1") else 100, 60_000_000, 600, 100_000, 1]
 
 
 def key(many, prefix):
@@ -115,6 +125,8 @@ elif scenario.startswith("full"):
 
         if "gcra" in scenario:
             quotas = [1, *gcra]
+        elif "log" in scenario:
+            quotas = [1, 3, *LOG]
         elif "sliding" in scenario:
             quotas = [1, 2, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 10]
         else:
@@ -178,6 +190,21 @@ elif scenario.startswith("sliding"):
             return client.evalsha(sha, 1, "bench:sliding", *params, 16)
         keys = [key(many, "bench:sliding") for _ in range(16)]
         return client.evalsha(sha, 16, *keys, *params)
+
+elif scenario.startswith("log"):
+    sha = load("log_batch.lua", ("redis_now.lua",))
+    many = scenario == "log-many"
+    # One parameter set: cost 1, recorded when admitted, the limit, a 60 s window; last, the
+    # call's token (a counter, as the store's).
+    params = [1, 1, 0, LOG[0], 60_000_000]
+    token = [0]
+
+    def call():
+        token[0] += 1
+        if not many:
+            return client.evalsha(sha, 1, "bench:log", *params, 16, token[0])
+        keys = [key(many, "bench:log") for _ in range(16)]
+        return client.evalsha(sha, 16, *keys, *params, token[0])
 
 elif scenario.startswith("rate"):
     sha = load("gcra_batch.lua")

@@ -11,9 +11,9 @@
 # Run: crates/redis/benches/lua_instructions.sh [calls per scenario, default 2000]
 #
 # fixed-1, fixed-many, sliding-1 and sliding-many count the lean fixed-window and
-# sliding-window scripts' hits the same way.
+# sliding-window scripts' hits the same way; "log-1 log-many" (opt-in) the lean sliding log's.
 # SLUICE_BENCH_SCENARIOS="full-fixed-1 full-fixed-many full-gcra-many full-sliding-1
-# full-sliding-many" counts the whole decision script instead (a Redis Function, one
+# full-sliding-many full-log-1 full-log-many" counts the whole decision script instead (a Redis Function, one
 # decision per FCALL): what every rule but the lean shapes costs (see lua_drive.py).
 # "or-shared login-flood" count the lean rule script (GCRA leaves joined by `;`, a login
 # form's penalty), "full-or-shared full-login-flood" the same rules through the whole script.

@@ -12,8 +12,8 @@
 //! repository), a second redis-server loads that module and `CL.THROTTLE` runs under
 //! redis-benchmark beside the scripts, pinned to the same core. `SLUICE_BENCH_SCRIPTS=
 //! sluice_lean_batch_16,redis_cell_throttle` (names as in the output) runs only those beside
-//! the store. `SLUICE_BENCH_ALGORITHM=fixed-window` (or `sliding-window`, 10 sub-windows)
-//! makes the store's leaf a fixed window (a sliding window); `gcra-or` gives the store a
+//! the store. `SLUICE_BENCH_ALGORITHM=fixed-window` (or `sliding-window`, 10 sub-windows, or
+//! `sliding-log`) makes the store's leaf a fixed window (a sliding window, a sliding log); `gcra-or` gives the store a
 //! rule of two GCRA leaves joined by `;`, the user's and one every hit shares (a global
 //! limit of 1,000,000,000 a second); the scripts beside it stay single-leaf GCRA's.
 //!
@@ -158,9 +158,11 @@ fn main() {
     // 10^6 per second per key: every hit is admitted, so every side takes the write path.
     let rate = Rate::new(1_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
     let quota = Quota::from_leaf(&Leaf::new(rate), sluice_core::Algorithm::Gcra).unwrap();
-    // `SLUICE_BENCH_ALGORITHM=fixed-window` or `sliding-window`: the store decides with a
-    // leaf of that algorithm and the same rate (1,000,000 a 1 s window; a sliding window in
-    // its default 10 sub-windows) instead; `gcra-or`: with the GCRA leaf joined by `;` to a
+    // `SLUICE_BENCH_ALGORITHM=fixed-window`, `sliding-window` or `sliding-log`: the store
+    // decides with a leaf of that algorithm and the same rate (1,000,000 a 1 s window; a
+    // sliding window in its default 10 sub-windows; a sliding log holds a member per hit of
+    // the last second, so one key's grows to about as many as the bench decides a second)
+    // instead; `gcra-or`: with the GCRA leaf joined by `;` to a
     // global one every hit shares. redis-benchmark's scripts stay single-leaf GCRA's.
     let algorithm = std::env::var("SLUICE_BENCH_ALGORITHM");
     let of = |algorithm| Quota::from_leaf(&Leaf::new(rate), algorithm).unwrap();
@@ -168,13 +170,15 @@ fn main() {
         Err(_) | Ok("gcra") => BenchRule::one_leaf(quota),
         Ok("fixed-window") => BenchRule::one_leaf(of(sluice_core::Algorithm::FixedWindow)),
         Ok("sliding-window") => BenchRule::one_leaf(of(sluice_core::Algorithm::SlidingWindow)),
+        Ok("sliding-log") => BenchRule::one_leaf(of(sluice_core::Algorithm::SlidingLog)),
         Ok("gcra-or") => {
             let global = Rate::new(1_000_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
             let global = Quota::from_leaf(&Leaf::new(global), sluice_core::Algorithm::Gcra);
             BenchRule::or(vec![quota, global.unwrap()])
         }
         Ok(other) => panic!(
-            "SLUICE_BENCH_ALGORITHM: gcra, fixed-window, sliding-window or gcra-or, not {other:?}"
+            "SLUICE_BENCH_ALGORITHM: gcra, fixed-window, sliding-window, sliding-log or gcra-or, \
+             not {other:?}"
         ),
     });
     let shared = algorithm.as_deref() == Ok("gcra-or");
