@@ -41,6 +41,11 @@
 //!   verdict depends on every counted sub-window, so the script answers the verdict itself,
 //!   three integers a hit (remaining, reset, retry), translated line for line from the
 //!   core's sliding window and checked by the same vectors.
+//! - One sliding-log leaf without a penalty likewise (`src/lua/log_batch.lua`): the log stays
+//!   in Redis, a sorted set as the full script keeps it, and the script answers the verdict
+//!   as the sliding window's does; a batch reads each key's count and newest time once,
+//!   drops its expired members once, sets its expiry once, and asks a flood of denials'
+//!   wait once. Its members are named by a token unique to the call, so no two ever match.
 //! - A rule of up to 8 GCRA leaves joined by `;` (an `or`: `user:10/s; user:1000/h`, the
 //!   usual way to state several limits), or one GCRA leaf with a penalty (a login form's),
 //!   with or without a penalty, likewise (`src/lua/gcra_rule_batch.lua`,
