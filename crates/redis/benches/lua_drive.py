@@ -31,6 +31,8 @@ writes DIR/done. Scenarios:
              ...`), through the lean rule script: each hit a random one of 1,000,000 users'
              keys and one key every hit shares
   full-or-shared  the same rule through the whole script
+  fixed-or-shared, full-fixed-or-shared  the same with two fixed-window leaves (1,000,000,000
+             a minute), through the lean rule script and the whole script
   login-flood  16 hits per call of one GCRA leaf with a penalty (a login form's, 1 a
              minute, counting denials, boxed 1 s doubling up to 15 min), all on one address
              that is boxed: what a credential-stuffing flood costs, through the lean rule
@@ -105,6 +107,7 @@ elif scenario.startswith("full"):
     # window; interval; burst; sub-windows), counted in microseconds; every decision
     # admitted and written.
     gcra = [1, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
+    fixed = [4, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
     if scenario == "full-login-flood":
         # One leaf of 1 a minute, recording always, then the penalty (base, factor, max,
         # forget_after); the address's key and its penalty record's.
@@ -113,12 +116,15 @@ elif scenario.startswith("full"):
 
         quotas = [1, 1, 1, 60_000_000, 60_000_000, 1, 1, 1_000_000, 2, 900_000_000,
                   3_600_000_000]
-    elif scenario == "full-or-shared":
+    elif scenario in ("full-or-shared", "full-fixed-or-shared"):
         # The user's leaf, then the one every hit shares.
         def names():
             return [2, key(True, "bench:or"), "bench:or:shared", 1, 0, "o2 l0 l1 "]
 
-        quotas = [2, *gcra, *gcra]
+        if scenario == "full-or-shared":
+            quotas = [2, *gcra, *gcra]
+        else:
+            quotas = [2, *fixed, *fixed]
     else:
         def names():
             return [1, key(many, "bench:full"), 1, 0, "l0 "]
@@ -141,22 +147,27 @@ elif scenario.startswith("full"):
         return pipe.execute()
 
 elif scenario == "login-flood":
-    sha = load("gcra_rule_batch.lua")
-    # Cost 1, recording always, one leaf of 1 a minute (interval 60 s, burst 1, window
-    # 60 s), then the penalty: base 1 s, factor 2, max 15 min, forget after an hour.
-    params = [1, 1, 1, 1, 60_000_000, 1, 60_000_000, 1, 1_000_000, 2, 900_000_000,
+    sha = load("rule_batch.lua")
+    # Cost 1, recording always, one GCRA leaf (kind 1) of 1 a minute (interval 60 s, burst
+    # 1, window 60 s), then the penalty: base 1 s, factor 2, max 15 min, forget after an hour.
+    params = [1, 1, 1, 1, 1, 60_000_000, 1, 60_000_000, 1, 1_000_000, 2, 900_000_000,
               3_600_000_000]
 
     def call():
         keys = ["bench:login", "bench:login:penalty"] * 16
         return client.evalsha(sha, 32, *keys, *params)
 
-elif scenario == "or-shared":
-    sha = load("gcra_rule_batch.lua")
+elif scenario in ("or-shared", "fixed-or-shared"):
+    sha = load("rule_batch.lua")
     # One parameter set (no per-hit set numbers): cost 1, recorded when admitted, two
-    # leaves of 1 µs interval and a burst and window so large that every hit is admitted
-    # and written; each hit names a random user's key, then the shared key.
-    params = [1, 1, 0, 2, 1, 1_000_000, 1_000_000, 1, 1_000_000, 1_000_000, 0]
+    # leaves so large that every hit is admitted and written (GCRA, kind 1: 1 µs interval,
+    # burst and window 1,000,000; fixed window, kind 4: 1,000,000,000 a minute); each hit
+    # names a random user's key, then the shared key.
+    if scenario == "or-shared":
+        leaf = [1, 1, 1_000_000, 1_000_000]
+    else:
+        leaf = [4, 1_000_000_000, 60_000_000, 0]
+    params = [1, 1, 0, 2, *leaf, *leaf, 0]
 
     def call():
         keys = []

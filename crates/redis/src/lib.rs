@@ -48,7 +48,7 @@
 //!   wait once. Its members are named by a token unique to the call, so no two ever match.
 //! - A rule of up to 8 GCRA leaves joined by `;` (an `or`: `user:10/s; user:1000/h`, the
 //!   usual way to state several limits), or one GCRA leaf with a penalty (a login form's),
-//!   with or without a penalty, likewise (`src/lua/gcra_rule_batch.lua`,
+//!   with or without a penalty, likewise (`src/lua/rule_batch.lua`,
 //!   `src/rule_batch.rs`): Redis's `now`, one debt per leaf and the penalty record each
 //!   hit found, which the core's rule evaluation turns into the decision.
 //! - Every other rule runs the full script (algorithms.lua with `run`), as a Redis 7

@@ -1,15 +1,18 @@
-//! Batching of rules of GCRA leaves joined by `;` (`user:10/s; user:1000/h`, `apikey:100/m;
-//! 1000/s`: the usual way to state more than one limit), with or without a penalty, and of
-//! one GCRA leaf with a penalty (`ip:5/m` on a login form, boxing repeat offenders), as
+//! Batching of rules of GCRA or fixed-window leaves joined by `;` (`user:10/s; user:1000/h`,
+//! `apikey:100/m; 1000/s`: the usual way to state more than one limit), with or without a
+//! penalty, and of one such leaf with a penalty (`ip:5/m` on a login form, boxing repeat
+//! offenders), as
 //! single-leaf hits are batched (`src/batch.rs`): each hit decided in order by
-//! `lua/gcra_rule_batch.lua`, each atomic and its own answer, each key written once per
+//! `lua/rule_batch.lua`, each atomic and its own answer, each key written once per
 //! call; a call that fails fails every hit in it. Without it every such decision was one
 //! call of the whole script.
 //!
-//! The script answers Redis's `now`, each leaf's debt and the penalty record each hit found;
-//! the core's rule evaluation at `now`, on TATs of `now` plus the debts and that record,
+//! The script answers Redis's `now`, each leaf's debt (GCRA) or count in the current window
+//! (fixed window) and the penalty record each hit found; the core's rule evaluation at
+//! `now`, on TATs of `now` plus the debts, windows holding those counts and that record,
 //! makes the decision, as the whole script's would be (a GCRA verdict depends on the TAT
-//! only through the debt, and a TAT not after `now` decides as a fresh one).
+//! only through the debt, and a TAT not after `now` decides as a fresh one; a fixed
+//! window's only through its count in the current window).
 
 use sluice_core::{
     Algorithm, Decision, Evaluation, Penalty, PenaltyState, Quota, Recording, Shape, State,
@@ -19,18 +22,18 @@ use sluice_limiter::Hit;
 
 use crate::RedisError;
 use crate::batch::{Answer, Batched, answer_each};
-use crate::script::{GCRA_RULE_BATCH, TICK_NS, batch_arguments, micro, recording_code};
+use crate::script::{RULE_BATCH, TICK_NS, batch_arguments, micro, recording_code};
 use crate::slot::key;
 use crate::store::RedisStore;
 
 /// Most leaves of a rule the lean script takes; larger rules run the whole script.
 pub const MAX_RULE_LEAVES: usize = 8;
 
-/// A hit of the lean rule script's shape: an `or` of 1 to [`MAX_RULE_LEAVES`] GCRA leaves
-/// (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
+/// A hit of the lean rule script's shape: an `or` of 1 to [`MAX_RULE_LEAVES`] GCRA or
+/// fixed-window leaves (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
 /// the script, and its decision from the script's reply.
 #[derive(Debug, Clone)]
-pub struct LeanGcraRule {
+pub struct LeanRule {
     /// The quotas counted in microseconds, in leaf order.
     quotas: Vec<Quota>,
     shape: Shape,
@@ -40,9 +43,9 @@ pub struct LeanGcraRule {
     penalty: Option<Penalty>,
 }
 
-impl LeanGcraRule {
+impl LeanRule {
     /// `Some` when `hit` has the lean rule shape; `None` sends it elsewhere.
-    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanGcraRule>, RedisError> {
+    pub fn of(hit: &Hit<'_>) -> Result<Option<LeanRule>, RedisError> {
         let ev = &hit.evaluation;
         let leaves = ev.quotas.len();
         let shaped = match ev.shape {
@@ -64,11 +67,11 @@ impl LeanGcraRule {
             || !(1..=MAX_RULE_LEAVES).contains(&leaves)
             || hit.identifiers.len() != leaves
             || ev.penalty.is_some() != hit.penalty_identifier.is_some()
-            || ev.quotas.iter().any(|q| q.algorithm() != Algorithm::Gcra)
+            || ev.quotas.iter().any(|q| leaf_kind(q).is_none())
         {
             return Ok(None);
         }
-        Ok(Some(LeanGcraRule {
+        Ok(Some(LeanRule {
             quotas: ev.quotas.iter().map(micro).collect::<Result<_, _>>()?,
             shape: ev.shape.clone(),
             cost: ev.cost,
@@ -86,23 +89,30 @@ impl LeanGcraRule {
             .collect()
     }
 
-    /// The integers of the hit's reply: a debt per leaf, and the penalty record's three.
+    /// The integers of the hit's reply: a debt or a count per leaf, and the penalty
+    /// record's three.
     pub fn reply_len(&self) -> usize {
         self.quotas.len() + if self.penalty.is_some() { 3 } else { 0 }
     }
 
-    /// The hit's parameter set: cost, recording, the number of leaves, each leaf's
-    /// interval, burst and window, then 0, or 1 and the penalty's base, factor, max and
-    /// forget_after (microseconds).
+    /// The hit's parameter set: cost, recording, the number of leaves, each leaf's kind and
+    /// three numbers (GCRA: 1, interval, burst, window; fixed window: 4, limit, window
+    /// length, 0), then 0, or 1 and the penalty's base, factor, max and forget_after
+    /// (microseconds).
     pub fn arguments(&self) -> Vec<u64> {
-        let mut arguments = Vec::with_capacity(8 + 3 * self.quotas.len());
+        let mut arguments = Vec::with_capacity(8 + 4 * self.quotas.len());
         arguments.extend([
             self.cost,
             u64::from(recording_code(self.recording)),
             self.quotas.len() as u64,
         ]);
         for q in &self.quotas {
-            arguments.extend([q.interval_ticks(), q.burst(), q.window_ticks()]);
+            match leaf_kind(q) {
+                Some(GCRA) => {
+                    arguments.extend([GCRA, q.interval_ticks(), q.burst(), q.window_ticks()]);
+                }
+                _ => arguments.extend([FIXED_WINDOW, q.limit(), q.window_ticks(), 0]),
+            }
         }
         match &self.penalty {
             None => arguments.push(0),
@@ -114,9 +124,10 @@ impl LeanGcraRule {
         arguments
     }
 
-    /// The decision from the call's `now` and the hit's reply ([`LeanGcraRule::reply_len`]
+    /// The decision from the call's `now` and the hit's reply ([`LeanRule::reply_len`]
     /// integers): the core's evaluation of the rule at `now`, on TATs of `now` plus each
-    /// debt and the penalty record the hit found, recording as the hit does (a denial
+    /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`, and
+    /// the penalty record the hit found, recording as the hit does (a denial
     /// counted anyway answers with the recorded states' wait, a boxed key the box's). A
     /// reply of another length or a negative number is an error.
     pub fn decision(&self, now: i64, reply: &[i64]) -> Result<Decision, RedisError> {
@@ -131,12 +142,19 @@ impl LeanGcraRule {
         }
         let number = |x: i64| u64::try_from(x).map_err(|_| wrong());
         let now = number(now)?;
-        let (debts, record) = reply.split_at(self.quotas.len());
-        let mut states = debts
+        let (leaves, record) = reply.split_at(self.quotas.len());
+        let mut states = leaves
             .iter()
-            .map(|&debt| {
-                let tat = now.checked_add(number(debt)?).ok_or_else(wrong)?;
-                Ok(State::Gcra { tat })
+            .zip(&self.quotas)
+            .map(|(&n, q)| match q.algorithm() {
+                Algorithm::FixedWindow => Ok(State::FixedWindow {
+                    window: now / q.window_ticks(),
+                    count: number(n)?,
+                }),
+                _ => {
+                    let tat = now.checked_add(number(n)?).ok_or_else(wrong)?;
+                    Ok(State::Gcra { tat })
+                }
             })
             .collect::<Result<Vec<State>, RedisError>>()?;
         let mut record = match record {
@@ -158,8 +176,21 @@ impl LeanGcraRule {
     }
 }
 
+/// A leaf's kind in the script's arguments: algorithms.lua's code for GCRA and fixed window.
+const GCRA: u64 = 1;
+const FIXED_WINDOW: u64 = 4;
+
+/// The kind of a leaf the lean rule script takes, `None` for the algorithms it does not.
+fn leaf_kind(quota: &Quota) -> Option<u64> {
+    match quota.algorithm() {
+        Algorithm::Gcra => Some(GCRA),
+        Algorithm::FixedWindow => Some(FIXED_WINDOW),
+        _ => None,
+    }
+}
+
 /// KEYS and ARGV for the lean rule script deciding `hits` (each its keys, as
-/// [`LeanGcraRule::keys`], and its [`LeanGcraRule::arguments`]) in order: every hit's keys,
+/// [`LeanRule::keys`], and its [`LeanRule::arguments`]) in order: every hit's keys,
 /// then the distinct parameter sets and each hit's set number (left out when there is one
 /// set).
 pub fn rule_batch_call<'k>(
@@ -203,7 +234,7 @@ async fn send(store: &RedisStore, batch: Vec<RulePending>) {
         let keys = pending.keys.iter().map(String::as_str).collect();
         (keys, pending.arguments.clone())
     }));
-    let result = store.eval(&GCRA_RULE_BATCH, &keys, &arguments).await;
+    let result = store.eval(&RULE_BATCH, &keys, &arguments).await;
     answer_each(
         batch,
         result,
@@ -223,12 +254,12 @@ impl RedisStore {
     pub(crate) async fn decide_rule(
         &self,
         hit: &Hit<'_>,
-        lean: LeanGcraRule,
+        lean: LeanRule,
     ) -> Result<Decision, RedisError> {
         let batcher = &self.queues().rule;
         let (now, reply) = self
             .batched(batcher, &hit.identifiers[0], |_, slot, reply| RulePending {
-                keys: LeanGcraRule::keys(hit),
+                keys: LeanRule::keys(hit),
                 arguments: lean.arguments(),
                 slot,
                 reply_len: lean.reply_len(),

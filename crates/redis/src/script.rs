@@ -12,7 +12,7 @@ use crate::RedisError;
 pub use crate::lean::{
     LeanFixed, LeanGcra, LeanLog, LeanSliding, batch_arguments, batch_call, gcra_one_arguments,
 };
-pub use crate::rule_batch::{LeanGcraRule, MAX_RULE_LEAVES, rule_batch_call};
+pub use crate::rule_batch::{LeanRule, MAX_RULE_LEAVES, rule_batch_call};
 pub use crate::slot::slot_of;
 
 /// Nanoseconds per tick in Redis: microseconds, the resolution of `TIME`, and small enough
@@ -246,18 +246,18 @@ pub const LOG_BATCH_LUA: &str = include_str!("lua/log_batch.lua");
 /// leaf with a penalty, with or without a penalty, deciding a batch of such hits in order:
 /// the writes of [`DECIDE`] for that shape, and for reply Redis's `now`, then each leaf's
 /// debt and the penalty record each hit found (see `src/rule_batch.rs`).
-pub static GCRA_RULE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
+pub static RULE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/redis_now.lua"),
         include_str!("lua/decimal.lua"),
-        include_str!("lua/gcra_rule_batch.lua")
+        include_str!("lua/rule_batch.lua")
     ))
 });
 
 /// The lean rule script's body alone, for test entry points that define `now` themselves.
-pub const GCRA_RULE_BATCH_LUA: &str = concat!(
+pub const RULE_BATCH_LUA: &str = concat!(
     include_str!("lua/decimal.lua"),
-    include_str!("lua/gcra_rule_batch.lua")
+    include_str!("lua/rule_batch.lua")
 );
 
 /// The lean script for the lease steps of rules of one concurrency leaf (acquire, release,

@@ -14,7 +14,7 @@ use sluice_limiter::{Hit, Identifier, LeaseKeys, Settlement, Store, StoreError};
 
 use crate::RedisError;
 use crate::batch::{Queues, gone};
-use crate::rule_batch::LeanGcraRule;
+use crate::rule_batch::LeanRule;
 use crate::script::{
     DECIDE, LIBRARY, LeanFixed, LeanGcra, LeanLog, LeanSliding, Lua, arguments, decision,
 };
@@ -470,7 +470,7 @@ impl RedisStore {
         if let Some(lean) = LeanLog::of(hit)? {
             return self.decide_log(hit, lean).await;
         }
-        if let Some(lean) = LeanGcraRule::of(hit)? {
+        if let Some(lean) = LeanRule::of(hit)? {
             return self.decide_rule(hit, lean).await;
         }
         let keys: Vec<String> = hit

@@ -16,9 +16,9 @@ use sluice_core::{Algorithm, Evaluation, PenaltyState, Quota, State};
 use sluice_core::{Decision, Denial, Rate, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
-    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, GCRA_RULE_BATCH_LUA, LOG_BATCH_LUA, LeanFixed,
-    LeanGcra, LeanGcraRule, LeanLog, LeanSliding, SLIDING_BATCH_LUA, TICK_NS, arguments,
-    batch_arguments, rule_batch_call,
+    ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LOG_BATCH_LUA, LeanFixed, LeanGcra, LeanLog,
+    LeanRule, LeanSliding, RULE_BATCH_LUA, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
+    rule_batch_call,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -53,8 +53,8 @@ enum Script {
     /// (a token for the call's members last but one), the decision made from the script's
     /// three-integer verdict.
     LeanLog,
-    /// gcra_rule_batch.lua: the vectors of one GCRA leaf or an `or` of GCRA leaves, with or
-    /// without a penalty, each hit alone in its call, the decision made from the script's
+    /// rule_batch.lua: the vectors of one GCRA or fixed-window leaf or an `or` of such
+    /// leaves, with or without a penalty, each hit alone in its call, the decision made from the script's
     /// debt per leaf and the penalty record the hit found.
     LeanRule,
 }
@@ -66,7 +66,7 @@ enum Lean {
     Fixed(LeanFixed),
     Sliding(LeanSliding),
     Log(LeanLog),
-    Rule(LeanGcraRule),
+    Rule(LeanRule),
 }
 
 /// Expiry of the keys this test writes (2100-01-01, in ms): a key still carrying it was not
@@ -116,9 +116,10 @@ fn lean_fixed_window_script_reproduces_every_single_leaf_fixed_window_vector() {
 }
 
 #[test]
-fn lean_rule_script_reproduces_every_vector_of_gcra_leaves_joined_by_or() {
-    // The single-leaf GCRA vectors, with a penalty or not, and those of an `or` of leaves.
-    lean_script_reproduces_its_vectors(Script::LeanRule, GCRA_RULE_BATCH_LUA, "GCRA rule", 40);
+fn lean_rule_script_reproduces_every_vector_of_gcra_and_fixed_window_leaves_joined_by_or() {
+    // The single-leaf GCRA and fixed-window vectors, with a penalty or not, and those of an
+    // `or` of such leaves.
+    lean_script_reproduces_its_vectors(Script::LeanRule, RULE_BATCH_LUA, "rule", 100);
 }
 
 #[test]
@@ -234,7 +235,7 @@ fn check(
         Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
         Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
         Script::LeanLog => Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?)),
-        Script::LeanRule => Some(Lean::Rule(LeanGcraRule::of(&hit).expect("arguments")?)),
+        Script::LeanRule => Some(Lean::Rule(LeanRule::of(&hit).expect("arguments")?)),
     };
     // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
     // their own, of the same algorithm.

@@ -1,5 +1,6 @@
-//! The lean rule batch script (GCRA leaves joined by `;`, or one GCRA leaf with a penalty)
-//! against the core, hit by hit: random batches of hits of three rules over a few users,
+//! The lean rule batch script (GCRA and fixed-window leaves joined by `;`, or one leaf with a
+//! penalty) against the core, hit by hit: random batches of hits of four rules over a few
+//! users (one mixes a fixed window among GCRA leaves, one is a fixed window with a penalty),
 //! two of them also naming one key all share (a limit every caller hits, so a key named
 //! many times in one batch), one with a penalty that boxes a user denied again and again,
 //! some costs above what is left or above a leaf's burst, some hits counted when denied or
@@ -18,7 +19,7 @@ use sluice_core::{
     Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{GCRA_RULE_BATCH_LUA, LeanGcraRule, TICK_NS, micro, rule_batch_call};
+use sluice_redis::script::{LeanRule, RULE_BATCH_LUA, TICK_NS, micro, rule_batch_call};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
@@ -29,6 +30,12 @@ fn quota(count: u64, seconds: u64, burst: u64) -> Quota {
     let mut leaf = Leaf::new(rate);
     leaf.options.burst = Some(burst);
     Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap()
+}
+
+/// A fixed-window quota of `count` per `seconds`.
+fn fixed(count: u64, seconds: u64) -> Quota {
+    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
+    Quota::from_leaf(&Leaf::new(rate), Algorithm::FixedWindow).unwrap()
 }
 
 /// A rule: its leaves' quotas (joined by `;` when more than one), its penalty.
@@ -62,7 +69,7 @@ impl Rule {
     }
 
     /// The hit as the store sees it: its lean form.
-    fn lean(&self, cost: u64, recording: Recording) -> LeanGcraRule {
+    fn lean(&self, cost: u64, recording: Recording) -> LeanRule {
         let ids: Vec<Identifier> = (0..self.quotas.len())
             .map(|i| Identifier::new(format!("k{i}")))
             .collect();
@@ -72,15 +79,27 @@ impl Rule {
             evaluation: self.evaluation(cost, recording),
             penalty_identifier: self.penalty.is_some().then_some(&penalty_id),
         };
-        LeanGcraRule::of(&hit).unwrap().expect("a lean hit")
+        LeanRule::of(&hit).unwrap().expect("a lean hit")
     }
 }
 
-/// The core's state of one key: a leaf's TAT or a penalty record.
+/// The core's state of one key: a GCRA leaf's TAT, a fixed window's number and count, or a
+/// penalty record.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kept {
     Tat(u64),
+    Window(u64, u64),
     Record(PenaltyState),
+}
+
+impl Kept {
+    fn of(state: &State) -> Kept {
+        match state {
+            State::Gcra { tat } => Kept::Tat(*tat),
+            State::FixedWindow { window, count } => Kept::Window(*window, *count),
+            other => unreachable!("{other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -88,7 +107,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = lean::script(GCRA_RULE_BATCH_LUA);
+    let script = lean::script(RULE_BATCH_LUA);
 
     // The shared leaf, 10 a second, is reached by busy batches; the per-user ones by a
     // user's own hits. A cost of 4 exceeds the second rule's first leaf's burst of 3. The
@@ -98,11 +117,9 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let penalty = Penalty::new(seconds(300), 2, seconds(2_000), seconds(3_000)).unwrap();
     let rules = [
         Rule::new(vec![quota(5, 1, 5), quota(10, 1, 10)], None),
-        Rule::new(
-            vec![quota(3, 1, 3), quota(30, 60, 10), quota(10, 1, 10)],
-            None,
-        ),
+        Rule::new(vec![quota(3, 1, 3), fixed(6, 2), quota(10, 1, 10)], None),
         Rule::new(vec![quota(2, 1, 2)], Some(penalty)),
+        Rule::new(vec![fixed(2, 1)], Some(penalty)),
     ];
     let users = ["alice", "bob", "carol"];
     // The keys of rule `r`'s hit for `user`: its leaves' (the last of the first two rules'
@@ -132,6 +149,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let mut rng = Rng(0x0a5e);
     let (mut now, mut hits, mut denied, mut repeats, mut never) = (1_000_000, 0, 0, 0, 0);
     let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
+    let mut fixed_denials = 0u64;
 
     for batch in 0..400 {
         // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
@@ -199,11 +217,17 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             let mine = &reply[at..at + lean.reply_len()];
             at += lean.reply_len();
             let leaves = rule.quotas.len();
+            let micros: Vec<Quota> = rule.quotas.iter().map(|q| micro(q).unwrap()).collect();
             let mut states: Vec<State> = keys[..leaves]
                 .iter()
-                .map(|key| match core.get(key) {
+                .zip(&micros)
+                .map(|(key, q)| match core.get(key) {
                     Some(Kept::Tat(tat)) => State::Gcra { tat: *tat },
-                    _ => State::Gcra { tat: 0 },
+                    Some(Kept::Window(window, count)) => State::FixedWindow {
+                        window: *window,
+                        count: *count,
+                    },
+                    _ => q.fresh_state(),
                 })
                 .collect();
             let mut record = rule.penalty.map(|_| match core.get(&keys[leaves]) {
@@ -212,8 +236,16 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             });
             let mut found: Vec<u64> = states
                 .iter()
-                .map(|state| match state {
+                .zip(&micros)
+                .map(|(state, q)| match state {
                     State::Gcra { tat } => (*tat).max(now) - now,
+                    State::FixedWindow { window, count } => {
+                        if *window == now / q.window_ticks() {
+                            *count
+                        } else {
+                            0
+                        }
+                    }
                     _ => unreachable!(),
                 })
                 .collect();
@@ -225,7 +257,6 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                 answered, found,
                 "batch {batch}, hit {i} ({user}, rule {r}): the debts and record found"
             );
-            let micros: Vec<Quota> = rule.quotas.iter().map(|q| micro(q).unwrap()).collect();
             let evaluation = Evaluation {
                 shape: &rule.shape,
                 quotas: &micros,
@@ -243,15 +274,13 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             denied += u64::from(!decision.allowed());
             shared_denials += u64::from(!decision.allowed() && r < 2 && decision.leaf == 0);
             boxed += u64::from(matches!(decision.denial, Some(Denial::Penalized { .. })));
+            fixed_denials += u64::from(
+                matches!(decision.denial, Some(Denial::Limited { .. }))
+                    && ((r == 1 && decision.leaf == 1) || r == 3),
+            );
             never += u64::from(recording == Recording::Always && r == 1 && cost > 3);
             if outcome.changed {
-                let kept = states
-                    .iter()
-                    .map(|state| match state {
-                        State::Gcra { tat } => Kept::Tat(*tat),
-                        _ => unreachable!(),
-                    })
-                    .chain(record.map(Kept::Record));
+                let kept = states.iter().map(Kept::of).chain(record.map(Kept::Record));
                 for (key, kept) in keys.iter().zip(kept) {
                     if core.get(key) != Some(&kept) {
                         repeats += u64::from(last_write.contains_key(key.as_str()));
@@ -297,6 +326,26 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     );
                     tat
                 }
+                Some(Kept::Window(window, count)) => {
+                    // The second rule's fixed window is 2 s, the fourth's 1 s.
+                    let length = if key.starts_with("r1:") {
+                        2_000_000
+                    } else {
+                        1_000_000
+                    };
+                    let current = now / length;
+                    let held = |w: u64, c: u64| if w == current { c } else { 0 };
+                    let stored = stored.map_or((0, 0), |text| {
+                        let (w, c) = text.split_once(':').unwrap();
+                        (w.parse().unwrap(), c.parse().unwrap())
+                    });
+                    assert_eq!(
+                        held(stored.0, stored.1),
+                        held(window, count),
+                        "batch {batch}: {key} holds the core's count in the current window"
+                    );
+                    if count > 0 { (window + 1) * length } else { 0 }
+                }
                 None => {
                     assert_eq!(stored, None, "batch {batch}: {key} was never written");
                     0
@@ -320,6 +369,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     assert!(repeats > 300, "only {repeats} repeated writes in a batch");
     assert!(never > 10, "only {never} counted hits above a burst");
     assert!(boxed > 50, "only {boxed} hits found their key boxed");
+    assert!(
+        fixed_denials > 20,
+        "fixed windows denied only {fixed_denials} hits"
+    );
     assert!(struck > 50, "only {struck} strikes");
     assert!(edges > 60, "only {edges} batches at a penalty's edges");
 }

@@ -1,29 +1,33 @@
--- sluice: the lean script for a rule of GCRA leaves joined by `;` (`or`: the hit is denied
--- when any leaf would be exceeded), or of one GCRA leaf with a penalty, with or without a
--- penalty, for a batch of such hits decided one after the other in one call (each its own
+-- sluice: the lean script for a rule of GCRA and fixed-window leaves joined by `;` (`or`:
+-- the hit is denied when any leaf would be exceeded), or of one such leaf with a penalty,
+-- with or without a penalty, for a batch of such hits decided one after the other in one call (each its own
 -- decision, in order: a key named by several hits, such as a limit every caller shares or
 -- a penalty record, sees the earlier hits' writes), as gcra_batch.lua does for one leaf
 -- without a penalty.
 --
 -- The same writes as algorithms.lua's `run` for that shape (penalty_load and its early
--- answer, gcra.verdict of each leaf, the `or` fold's verdict, gcra.record and gcra.save of
--- each leaf, penalty_strike and penalty_save), line for line, without the library. A key
+-- answer, gcra.verdict or fixed.verdict of each leaf, the `or` fold's verdict, gcra.record
+-- and gcra.save or fixed.record and fixed.save of each leaf, penalty_strike and
+-- penalty_save), line for line, without the library. A key
 -- named by several hits of the batch is written once, after the last of them. `now`
 -- (integer microseconds) is defined by the entry before this text (redis_now.lua, or the
 -- tests' `now`), `decimal` by decimal.lua.
 --
 -- KEYS: each hit's leaves' keys in the rule's leaf order, then its penalty record's key if
 -- it has a penalty, hit after hit. ARGV: the number of parameter sets S, then S sets, each:
--- cost, recording (0 admitted, 1 always, 2 never), the number of leaves L, L triples
--- (interval, burst, window in ticks), then 0 (no penalty) or 1 and the penalty's base,
+-- cost, recording (0 admitted, 1 always, 2 never), the number of leaves L, L quadruples
+-- (1, interval, burst, window in ticks for a GCRA leaf; 4, limit, window length in ticks, 0
+-- for a fixed window: algorithms.lua's codes), then 0 (no penalty) or 1 and the penalty's base,
 -- factor, max and forget_after (ticks); then one per hit, in order: the number of its set
 -- (from 1), left out when S is 1.
--- Reply: `now`, then per hit: each leaf's debt before the hit (max(tat, now) - now), and
+-- Reply: `now`, then per hit: for each leaf, a GCRA leaf's debt before the hit
+-- (max(tat, now) - now) or a fixed window's count before the hit in the current window, and
 -- with a penalty the record the hit found (strikes, until, last strike). The store turns
 -- them into the decision with the core's rule evaluation at `now`.
 --
 -- Recording: the `or` is reached when any leaf is, so the hit is admitted when every leaf
--- admits it. Its wait is never when some leaf's cost exceeds its capacity (such a leaf is
+-- admits it. Its wait is never when some leaf's cost exceeds its capacity (its burst, or a
+-- fixed window's limit) (such a leaf is
 -- always reached, and `or` waits for its latest reached leaf); otherwise a denial is
 -- limited. A denial is recorded (recording `always`) unless its wait is never; a limited
 -- one adds a strike to the penalty record unless recording is `never`. A hit that finds
@@ -33,15 +37,15 @@
 local format = string.format
 local sets = tonumber(ARGV[1])
 -- Keyed by the set's number as its hits name it (a string). A set: cost, recording, L,
--- the L triples, then 1 and the penalty's four numbers, or 0.
+-- the L quadruples (leaf j's at 4j .. 4j + 3), then 1 and the penalty's four numbers, or 0.
 local params = {}
 local at = 2
 for s = 1, sets do
   local leaves = tonumber(ARGV[at + 2])
   if leaves == nil or leaves < 1 then return redis.error_reply('a parameter set without leaves') end
   local p = { tonumber(ARGV[at]), tonumber(ARGV[at + 1]), leaves }
-  for j = 1, 3 * leaves do p[3 + j] = tonumber(ARGV[at + 2 + j]) end
-  local after = at + 3 + 3 * leaves
+  for j = 1, 4 * leaves do p[3 + j] = tonumber(ARGV[at + 2 + j]) end
+  local after = at + 3 + 4 * leaves
   if ARGV[after] == '1' then
     p.penalty = { tonumber(ARGV[after + 1]), tonumber(ARGV[after + 2]),
       tonumber(ARGV[after + 3]), tonumber(ARGV[after + 4]) }
@@ -57,15 +61,17 @@ if sets == 1 then only = params['1'] end
 
 local out = { now }
 -- Every key read in one command; a key named again later in the batch reads what the hits
--- before it recorded (`written`: each recorded key's latest TAT; `order`: those keys, each
--- once). Penalty records: `records` (each read or struck record, {strikes, until, last}),
+-- before it recorded (`written`: each recorded GCRA key's latest TAT; `order`: those keys,
+-- each once; `windows`, `counts`, `lengths` and `fixed` the same for fixed windows). Penalty records: `records` (each read or struck record, {strikes, until, last}),
 -- `struck` (each struck record's forget_after), `strikes` (those keys, each once).
 local read = redis.call('MGET', unpack(KEYS))
 local written, order = {}, {}
+local windows, counts, lengths, fixed = {}, {}, {}, {}
 local records, struck, strikes = {}, {}, {}
 -- Where this hit's keys start in KEYS (less one).
 local base, hit = 0, 0
-local tats = {}
+-- This hit's leaves: a GCRA leaf's TAT, a fixed window's count before it and its window.
+local tats, currents = {}, {}
 while base < #KEYS do
   hit = hit + 1
   local p = only or params[ARGV[first + hit]]
@@ -87,43 +93,74 @@ while base < #KEYS do
     end
     boxed = rec[2] > now
   end
-  -- gcra.verdict of each leaf, and the fold: admitted when every leaf admits; its wait
-  -- never when a leaf's cost exceeds its capacity.
+  -- gcra.verdict or fixed.verdict of each leaf, and the fold: admitted when every leaf
+  -- admits; its wait never when a leaf's cost exceeds its capacity.
   local admits, fits = true, true
   for j = 1, leaves do
     local key = KEYS[base + j]
-    local tat = written[key]
-    if tat == nil then
-      local value = read[base + j]
-      tat = value and tonumber(value) or 0
+    if p[4 * j] == 1 then
+      local tat = written[key]
+      if tat == nil then
+        local value = read[base + j]
+        tat = value and tonumber(value) or 0
+      end
+      tats[j] = tat
+      local interval, burst = p[1 + 4 * j], p[2 + 4 * j]
+      local tau = burst * interval
+      local inc = cost * interval
+      local from = tat
+      if from < now then from = now end
+      local debt = from - now
+      out[#out + 1] = debt
+      if inc > tau then fits = false end
+      if debt > tau - inc then admits = false end
+    else
+      -- fixed.load (the state recorded earlier in the batch, else the one read) and
+      -- fixed.verdict: the count so far in the current window.
+      local limit, length = p[1 + 4 * j], p[2 + 4 * j]
+      local window, count = windows[key], counts[key]
+      if window == nil then
+        window, count = 0, 0
+        local raw = read[base + j]
+        if raw then
+          local w, c = string.match(raw, '^(%d+):(%d+)$')
+          if w then window, count = tonumber(w), tonumber(c) end
+        end
+      end
+      local current = (now - now % length) / length
+      local used = 0
+      if window == current then used = count end
+      tats[j], currents[j] = used, current
+      out[#out + 1] = used
+      if cost > limit then fits = false end
+      if used + cost > limit then admits = false end
     end
-    tats[j] = tat
-    local interval, burst = p[1 + 3 * j], p[2 + 3 * j]
-    local tau = burst * interval
-    local inc = cost * interval
-    local from = tat
-    if from < now then from = now end
-    local debt = from - now
-    out[#out + 1] = debt
-    if inc > tau then fits = false end
-    if debt > tau - inc then admits = false end
   end
   if rec then
     out[#out + 1], out[#out + 2], out[#out + 3] = rec[1], rec[2], rec[3]
   end
   if not boxed and recording ~= 2 and fits and (recording == 1 or admits) then
     for j = 1, leaves do
-      -- gcra.record: max(min(max(tat, now) + inc, now + tau + window), tat).
       local key = KEYS[base + j]
-      local interval, burst, window = p[1 + 3 * j], p[2 + 3 * j], p[3 + 3 * j]
-      local tat = tats[j]
-      local from = tat
-      if from < now then from = now end
-      local recorded, cap = from + cost * interval, now + burst * interval + window
-      if recorded > cap then recorded = cap end
-      if recorded < tat then recorded = tat end
-      if written[key] == nil then order[#order + 1] = key end
-      written[key] = recorded
+      if p[4 * j] == 1 then
+        -- gcra.record: max(min(max(tat, now) + inc, now + tau + window), tat).
+        local interval, burst, window = p[1 + 4 * j], p[2 + 4 * j], p[3 + 4 * j]
+        local tat = tats[j]
+        local from = tat
+        if from < now then from = now end
+        local recorded, cap = from + cost * interval, now + burst * interval + window
+        if recorded > cap then recorded = cap end
+        if recorded < tat then recorded = tat end
+        if written[key] == nil then order[#order + 1] = key end
+        written[key] = recorded
+      else
+        -- fixed.record: the count, at most twice the limit, in the current window.
+        local limit = p[1 + 4 * j]
+        local total = tats[j] + cost
+        if total > limit * 2 then total = limit * 2 end
+        if windows[key] == nil then fixed[#fixed + 1] = key end
+        windows[key], counts[key], lengths[key] = currents[j], total, p[2 + 4 * j]
+      end
     end
   end
   if penalty and not boxed and not admits and fits and recording ~= 2 then
@@ -150,6 +187,21 @@ for j = 1, #order do
   else
     local left = recorded - now + 999
     redis.call('SET', key, decimal(recorded), 'PX', decimal((left - left % 1000) / 1000))
+  end
+end
+-- fixed.save, once per key, as in fixed_batch.lua: the state with its expiry (the window's
+-- end), or the key deleted when its count is 0 or its window has ended.
+for j = 1, #fixed do
+  local key = fixed[j]
+  local count = counts[key]
+  local expires_at = 0
+  if count > 0 then expires_at = (windows[key] + 1) * lengths[key] end
+  if expires_at <= now then
+    redis.call('DEL', key)
+  else
+    local left = expires_at - now + 999
+    redis.call('SET', key, format('%d:%d', windows[key], count), 'PX',
+      format('%d', (left - left % 1000) / 1000))
   end
 end
 -- penalty_save, once per struck record: kept until its box is over and its strikes are
