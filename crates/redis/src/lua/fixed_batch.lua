@@ -21,6 +21,8 @@
 -- parse of a stored state, as in gcra_batch.lua.
 
 local format = string.format
+-- KEYS and ARGV are globals: locals read them without a lookup by name, once per hit.
+local KEYS, ARGV = KEYS, ARGV
 local sets = tonumber(ARGV[1])
 local params = {}
 for s = 1, sets do

@@ -33,6 +33,8 @@
 -- limit; otherwise the ticks to wait).
 
 local format = string.format
+-- KEYS and ARGV are globals: locals read them without a lookup by name, once per hit.
+local KEYS, ARGV = KEYS, ARGV
 local token = ARGV[#ARGV]
 ARGV[#ARGV] = nil
 local sets = tonumber(ARGV[1])

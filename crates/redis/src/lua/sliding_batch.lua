@@ -26,6 +26,8 @@
 -- cmsgpack.unpack once per key read and cmsgpack.pack once per key written.
 
 local format = string.format
+-- KEYS and ARGV are globals: locals read them without a lookup by name, once per hit.
+local KEYS, ARGV = KEYS, ARGV
 local sets = tonumber(ARGV[1])
 local params = {}
 for s = 1, sets do
