@@ -149,8 +149,9 @@ elif scenario.startswith("full"):
 elif scenario == "login-flood":
     sha = load("rule_batch.lua")
     # Cost 1, recording always, one GCRA leaf (kind 1) of 1 a minute (interval 60 s, burst
-    # 1, window 60 s), then the penalty: base 1 s, factor 2, max 15 min, forget after an hour.
-    params = [1, 1, 1, 1, 1, 60_000_000, 1, 60_000_000, 1, 1_000_000, 2, 900_000_000,
+    # 1, window 60 s), no tree (0), then the penalty: base 1 s, factor 2, max 15 min,
+    # forget after an hour.
+    params = [1, 1, 1, 1, 1, 60_000_000, 1, 60_000_000, 0, 1, 1_000_000, 2, 900_000_000,
               3_600_000_000]
 
     def call():
@@ -167,7 +168,8 @@ elif scenario in ("or-shared", "fixed-or-shared"):
         leaf = [1, 1, 1_000_000, 1_000_000]
     else:
         leaf = [4, 1_000_000_000, 60_000_000, 0]
-    params = [1, 1, 0, 2, *leaf, *leaf, 0]
+    # No tree (0: an `or` of every leaf), no penalty (0).
+    params = [1, 1, 0, 2, *leaf, *leaf, 0, 0]
 
     def call():
         keys = []

@@ -29,14 +29,17 @@ use crate::store::RedisStore;
 /// Most leaves of a rule the lean script takes; larger rules run the whole script.
 pub const MAX_RULE_LEAVES: usize = 8;
 
-/// A hit of the lean rule script's shape: an `or` of 1 to [`MAX_RULE_LEAVES`] GCRA or
-/// fixed-window leaves (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
+/// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA or fixed-window
+/// leaves under any tree of `or` and `and` (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
 /// the script, and its decision from the script's reply.
 #[derive(Debug, Clone)]
 pub struct LeanRule {
     /// The quotas counted in microseconds, in leaf order.
     quotas: Vec<Quota>,
     shape: Shape,
+    /// The shape as the script reads it (see [`tree_code`]), empty for one leaf or an `or`
+    /// of every leaf.
+    tree: Vec<u64>,
     cost: u64,
     recording: Recording,
     /// The penalty counted in microseconds.
@@ -48,22 +51,10 @@ impl LeanRule {
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanRule>, RedisError> {
         let ev = &hit.evaluation;
         let leaves = ev.quotas.len();
-        let shaped = match ev.shape {
-            Shape::Leaf(0) => leaves == 1,
-            Shape::Or(children) => {
-                let mut seen = [false; MAX_RULE_LEAVES];
-                children.len() == leaves
-                    && children.iter().all(|child| match child {
-                        Shape::Leaf(i) if *i < leaves.min(MAX_RULE_LEAVES) && !seen[*i] => {
-                            seen[*i] = true;
-                            true
-                        }
-                        _ => false,
-                    })
-            }
-            Shape::Leaf(_) | Shape::And(_) => false,
-        };
-        if !shaped
+        let mut seen = [false; MAX_RULE_LEAVES];
+        let mut tree = Vec::new();
+        if !tree_code(ev.shape, leaves, &mut seen, &mut tree)
+            || seen[..leaves.min(MAX_RULE_LEAVES)].contains(&false)
             || !(1..=MAX_RULE_LEAVES).contains(&leaves)
             || hit.identifiers.len() != leaves
             || ev.penalty.is_some() != hit.penalty_identifier.is_some()
@@ -71,9 +62,19 @@ impl LeanRule {
         {
             return Ok(None);
         }
+        // One leaf, or an `or` of every leaf (the script's own fold), needs no tree.
+        let flat = match ev.shape {
+            Shape::Leaf(_) => true,
+            Shape::Or(children) => children.iter().all(|c| matches!(c, Shape::Leaf(_))),
+            Shape::And(_) => false,
+        };
+        if flat {
+            tree.clear();
+        }
         Ok(Some(LeanRule {
             quotas: ev.quotas.iter().map(micro).collect::<Result<_, _>>()?,
             shape: ev.shape.clone(),
+            tree,
             cost: ev.cost,
             recording: ev.recording,
             penalty: ev.penalty.map(|p| p.with_tick(TICK_NS)),
@@ -97,7 +98,8 @@ impl LeanRule {
 
     /// The hit's parameter set: cost, recording, the number of leaves, each leaf's kind and
     /// three numbers (GCRA: 1, interval, burst, window; fixed window: 4, limit, window
-    /// length, 0), then 0, or 1 and the penalty's base, factor, max and forget_after
+    /// length, 0), the shape (0 for one leaf or an `or` of every leaf, else its length and
+    /// [`tree_code`]), then 0, or 1 and the penalty's base, factor, max and forget_after
     /// (microseconds).
     pub fn arguments(&self) -> Vec<u64> {
         let mut arguments = Vec::with_capacity(8 + 4 * self.quotas.len());
@@ -114,6 +116,8 @@ impl LeanRule {
                 _ => arguments.extend([FIXED_WINDOW, q.limit(), q.window_ticks(), 0]),
             }
         }
+        arguments.push(self.tree.len() as u64);
+        arguments.extend_from_slice(&self.tree);
         match &self.penalty {
             None => arguments.push(0),
             Some(p) => {
@@ -186,6 +190,33 @@ fn leaf_kind(quota: &Quota) -> Option<u64> {
         Algorithm::Gcra => Some(GCRA),
         Algorithm::FixedWindow => Some(FIXED_WINDOW),
         _ => None,
+    }
+}
+
+/// Writes `shape` as the lean rule script reads a tree, in prefix order: leaf `i` as
+/// `i + 1`, an `or` of n children as `100 + n`, an `and` as `200 + n`; marks each leaf in
+/// `seen`. False when the script cannot take the shape: a leaf out of range or named twice,
+/// or a group of 100 children or more.
+fn tree_code(shape: &Shape, leaves: usize, seen: &mut [bool], out: &mut Vec<u64>) -> bool {
+    match shape {
+        Shape::Leaf(i) if *i < leaves.min(seen.len()) && !seen[*i] => {
+            seen[*i] = true;
+            out.push(*i as u64 + 1);
+            true
+        }
+        Shape::Leaf(_) => false,
+        Shape::Or(children) | Shape::And(children) if children.len() < 100 => {
+            let base = if matches!(shape, Shape::Or(_)) {
+                100
+            } else {
+                200
+            };
+            out.push(base + children.len() as u64);
+            children
+                .iter()
+                .all(|child| tree_code(child, leaves, seen, out))
+        }
+        Shape::Or(_) | Shape::And(_) => false,
     }
 }
 

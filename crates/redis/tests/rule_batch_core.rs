@@ -1,6 +1,7 @@
-//! The lean rule batch script (GCRA and fixed-window leaves joined by `;`, or one leaf with a
-//! penalty) against the core, hit by hit: random batches of hits of four rules over a few
-//! users (one mixes a fixed window among GCRA leaves, one is a fixed window with a penalty),
+//! The lean rule batch script (GCRA and fixed-window leaves joined by `;` or in any tree of
+//! `or` and `and`, or one leaf with a penalty) against the core, hit by hit: random batches
+//! of hits of five rules over a few users (one mixes a fixed window among GCRA leaves, one is
+//! a fixed window with a penalty, one an `and` within an `or`),
 //! two of them also naming one key all share (a limit every caller hits, so a key named
 //! many times in one batch), one with a penalty that boxes a user denied again and again,
 //! some costs above what is left or above a leaf's burst, some hits counted when denied or
@@ -55,6 +56,20 @@ impl Rule {
             quotas,
             shape,
             penalty,
+        }
+    }
+
+    /// `or(and(leaf 0, leaf 1), leaf 2)`: leaf 2 always counts, and leaves 0 and 1 only
+    /// deny together.
+    fn or_of_and(quotas: Vec<Quota>) -> Rule {
+        let shape = Shape::Or(vec![
+            Shape::And(vec![Shape::Leaf(0), Shape::Leaf(1)]),
+            Shape::Leaf(2),
+        ]);
+        Rule {
+            quotas,
+            shape,
+            penalty: None,
         }
     }
 
@@ -120,6 +135,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         Rule::new(vec![quota(3, 1, 3), fixed(6, 2), quota(10, 1, 10)], None),
         Rule::new(vec![quota(2, 1, 2)], Some(penalty)),
         Rule::new(vec![fixed(2, 1)], Some(penalty)),
+        Rule::or_of_and(vec![quota(2, 1, 2), fixed(4, 1), quota(6, 1, 6)]),
     ];
     let users = ["alice", "bob", "carol"];
     // The keys of rule `r`'s hit for `user`: its leaves' (the last of the first two rules'
@@ -149,7 +165,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let mut rng = Rng(0x0a5e);
     let (mut now, mut hits, mut denied, mut repeats, mut never) = (1_000_000, 0, 0, 0, 0);
     let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
-    let mut fixed_denials = 0u64;
+    let (mut fixed_denials, mut and_spills) = (0u64, 0u64);
 
     for batch in 0..400 {
         // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
@@ -264,7 +280,13 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                 recording,
                 penalty: rule.penalty.as_ref().map(|_| &penalty_micro),
             };
+            // The `and`'s leaves, one reached and the other not: the rule still admits.
+            let spills = r == 4 && {
+                let reached = |l: usize| !micros[l].verdict(&states[l], now, cost).allowed;
+                reached(0) != reached(1)
+            };
             let outcome = evaluate(&evaluation, &mut states, record.as_mut(), now);
+            and_spills += u64::from(spills && outcome.decision.allowed());
             let decision = lean.decision(reply[0], mine).unwrap();
             assert_eq!(
                 decision, outcome.decision,
@@ -372,6 +394,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     assert!(
         fixed_denials > 20,
         "fixed windows denied only {fixed_denials} hits"
+    );
+    assert!(
+        and_spills > 20,
+        "only {and_spills} hits admitted with one leaf of the `and` reached"
     );
     assert!(struck > 50, "only {struck} strikes");
     assert!(edges > 60, "only {edges} batches at a penalty's edges");

@@ -1,25 +1,27 @@
 -- sluice: the lean script for a rule of GCRA and fixed-window leaves joined by `;` (`or`:
--- the hit is denied when any leaf would be exceeded), or of one such leaf with a penalty,
--- with or without a penalty, for a batch of such hits decided one after the other in one call (each its own
+-- the hit is denied when any leaf would be exceeded), or of one such leaf, or of any tree
+-- of `or` and `and` over such leaves (`and(apikey:100/h, 10/s)`), with or without a
+-- penalty, for a batch of such hits decided one after the other in one call (each its own
 -- decision, in order: a key named by several hits, such as a limit every caller shares or
 -- a penalty record, sees the earlier hits' writes), as gcra_batch.lua does for one leaf
 -- without a penalty.
 --
 -- The same writes as algorithms.lua's `run` for that shape (penalty_load and its early
--- answer, gcra.verdict or fixed.verdict of each leaf, the `or` fold's verdict, gcra.record
--- and gcra.save or fixed.record and fixed.save of each leaf, penalty_strike and
--- penalty_save), line for line, without the library. A key
--- named by several hits of the batch is written once, after the last of them. `now`
--- (integer microseconds) is defined by the entry before this text (redis_now.lua, or the
--- tests' `now`), `decimal` by decimal.lua.
+-- answer, gcra.verdict or fixed.verdict of each leaf, the fold's verdict, gcra.record and
+-- gcra.save or fixed.record and fixed.save of each leaf, penalty_strike and penalty_save),
+-- line for line, without the library. A key named by several hits of the batch is written
+-- once, after the last of them. `now` (integer microseconds) is defined by the entry before
+-- this text (redis_now.lua, or the tests' `now`), `decimal` by decimal.lua.
 --
 -- KEYS: each hit's leaves' keys in the rule's leaf order, then its penalty record's key if
 -- it has a penalty, hit after hit. ARGV: the number of parameter sets S, then S sets, each:
 -- cost, recording (0 admitted, 1 always, 2 never), the number of leaves L, L quadruples
 -- (1, interval, burst, window in ticks for a GCRA leaf; 4, limit, window length in ticks, 0
--- for a fixed window: algorithms.lua's codes), then 0 (no penalty) or 1 and the penalty's base,
--- factor, max and forget_after (ticks); then one per hit, in order: the number of its set
--- (from 1), left out when S is 1.
+-- for a fixed window: algorithms.lua's codes), then the shape: 0 for one leaf or an `or` of
+-- every leaf, else its length K and K numbers, the tree in prefix order (leaf j is j, an
+-- `or` of n children 100 + n, an `and` of n children 200 + n); then 0 (no penalty) or 1 and
+-- the penalty's base, factor, max and forget_after (ticks); then one per hit, in order: the
+-- number of its set (from 1), left out when S is 1.
 -- Reply: `now`, then per hit: for each leaf, a GCRA leaf's debt before the hit
 -- (max(tat, now) - now) or a fixed window's count before the hit in the current window, and
 -- with a penalty the record the hit found (strikes, until, last strike). The store turns
@@ -27,17 +29,20 @@
 --
 -- Recording: the `or` is reached when any leaf is, so the hit is admitted when every leaf
 -- admits it. Its wait is never when some leaf's cost exceeds its capacity (its burst, or a
--- fixed window's limit) (such a leaf is
--- always reached, and `or` waits for its latest reached leaf); otherwise a denial is
--- limited. A denial is recorded (recording `always`) unless its wait is never; a limited
--- one adds a strike to the penalty record unless recording is `never`. A hit that finds
--- its key boxed by the penalty (`until` later than now) is denied and changes nothing.
+-- fixed window's limit: such a leaf is always reached, and `or` waits for its latest
+-- reached leaf); otherwise a denial is limited. A tree folds the same way: an `or` is
+-- reached when any child is and waits never when any child does; an `and` is reached only
+-- when every child is and waits never only when every child does. A denial is recorded
+-- (recording `always`) unless its wait is never; a limited one adds a strike to the
+-- penalty record unless recording is `never`. A hit that finds its key boxed by the
+-- penalty (`until` later than now) is denied and changes nothing.
 -- Arithmetic as in gcra_batch.lua: no library function per hit.
 
 local format = string.format
 local sets = tonumber(ARGV[1])
 -- Keyed by the set's number as its hits name it (a string). A set: cost, recording, L,
--- the L quadruples (leaf j's at 4j .. 4j + 3), then 1 and the penalty's four numbers, or 0.
+-- the L quadruples (leaf j's at 4j .. 4j + 3), then 1 and the penalty's four numbers, or 0;
+-- `tree`, the shape's K numbers, when it is not one leaf or an `or` of every leaf.
 local params = {}
 local at = 2
 for s = 1, sets do
@@ -46,6 +51,12 @@ for s = 1, sets do
   local p = { tonumber(ARGV[at]), tonumber(ARGV[at + 1]), leaves }
   for j = 1, 4 * leaves do p[3 + j] = tonumber(ARGV[at + 2 + j]) end
   local after = at + 3 + 4 * leaves
+  local k = tonumber(ARGV[after])
+  if k > 0 then
+    p.tree = {}
+    for j = 1, k do p.tree[j] = tonumber(ARGV[after + j]) end
+  end
+  after = after + 1 + k
   if ARGV[after] == '1' then
     p.penalty = { tonumber(ARGV[after + 1]), tonumber(ARGV[after + 2]),
       tonumber(ARGV[after + 3]), tonumber(ARGV[after + 4]) }
@@ -59,12 +70,36 @@ local first = at - 1
 local only = nil
 if sets == 1 then only = params['1'] end
 
-local out = { now }
+-- The fold of the subtree at `tree[pos]` over this hit's leaves (`reached`, `never`): where
+-- the next subtree starts, whether it is reached, and whether its wait is never.
+local function fold(tree, pos, reached, never)
+  local t = tree[pos]
+  if t < 100 then return pos + 1, reached[t], never[t] end
+  local all = t > 200
+  local r, n = all, all
+  pos = pos + 1
+  for _ = 1, t % 100 do
+    local cr, cn
+    pos, cr, cn = fold(tree, pos, reached, never)
+    if all then
+      r, n = r and cr, n and cn
+    else
+      r, n = r or cr, n or cn
+    end
+  end
+  return pos, r, n
+end
+
+-- The reply, and how many integers it holds (counted: `#out` searches the table).
+local out, size = { now }, 1
 -- Every key read in one command; a key named again later in the batch reads what the hits
 -- before it recorded (`written`: each recorded GCRA key's latest TAT; `order`: those keys,
--- each once; `windows`, `counts`, `lengths` and `fixed` the same for fixed windows). Penalty records: `records` (each read or struck record, {strikes, until, last}),
+-- each once; `windows`, `counts`, `lengths` and `fixed` the same for fixed windows).
+-- Penalty records: `records` (each read or struck record, {strikes, until, last}),
 -- `struck` (each struck record's forget_after), `strikes` (those keys, each once).
-local read = redis.call('MGET', unpack(KEYS))
+-- KEYS is a global: a local reads it without a lookup by name.
+local keys, count = KEYS, #KEYS
+local read = redis.call('MGET', unpack(keys))
 local written, order = {}, {}
 local windows, counts, lengths, fixed = {}, {}, {}, {}
 local records, struck, strikes = {}, {}, {}
@@ -72,15 +107,17 @@ local records, struck, strikes = {}, {}, {}
 local base, hit = 0, 0
 -- This hit's leaves: a GCRA leaf's TAT, a fixed window's count before it and its window.
 local tats, currents = {}, {}
-while base < #KEYS do
+-- With a tree: whether each leaf is reached, and whether its wait is never.
+local reached, never = {}, {}
+while base < count do
   hit = hit + 1
   local p = only or params[ARGV[first + hit]]
-  local cost, recording, leaves, penalty = p[1], p[2], p[3], p.penalty
+  local cost, recording, leaves, penalty, tree = p[1], p[2], p[3], p.penalty, p.tree
   -- penalty_load, and the early answer of a boxed key: nothing recorded.
   local pkey, rec = nil, nil
   local boxed = false
   if penalty then
-    pkey = KEYS[base + leaves + 1]
+    pkey = keys[base + leaves + 1]
     rec = records[pkey]
     if rec == nil then
       rec = { 0, 0, 0 }
@@ -97,7 +134,7 @@ while base < #KEYS do
   -- admits; its wait never when a leaf's cost exceeds its capacity.
   local admits, fits = true, true
   for j = 1, leaves do
-    local key = KEYS[base + j]
+    local key = keys[base + j]
     if p[4 * j] == 1 then
       local tat = written[key]
       if tat == nil then
@@ -111,7 +148,9 @@ while base < #KEYS do
       local from = tat
       if from < now then from = now end
       local debt = from - now
-      out[#out + 1] = debt
+      size = size + 1
+      out[size] = debt
+      if tree then reached[j], never[j] = debt > tau - inc, inc > tau end
       if inc > tau then fits = false end
       if debt > tau - inc then admits = false end
     else
@@ -131,17 +170,25 @@ while base < #KEYS do
       local used = 0
       if window == current then used = count end
       tats[j], currents[j] = used, current
-      out[#out + 1] = used
+      size = size + 1
+      out[size] = used
+      if tree then reached[j], never[j] = used + cost > limit, cost > limit end
       if cost > limit then fits = false end
       if used + cost > limit then admits = false end
     end
   end
+  if tree then
+    -- The tree's fold replaces the `or` of every leaf's.
+    local _, r, n = fold(tree, 1, reached, never)
+    admits, fits = not r, not n
+  end
   if rec then
-    out[#out + 1], out[#out + 2], out[#out + 3] = rec[1], rec[2], rec[3]
+    out[size + 1], out[size + 2], out[size + 3] = rec[1], rec[2], rec[3]
+    size = size + 3
   end
   if not boxed and recording ~= 2 and fits and (recording == 1 or admits) then
     for j = 1, leaves do
-      local key = KEYS[base + j]
+      local key = keys[base + j]
       if p[4 * j] == 1 then
         -- gcra.record: max(min(max(tat, now) + inc, now + tau + window), tat).
         local interval, burst, window = p[1 + 4 * j], p[2 + 4 * j], p[3 + 4 * j]
