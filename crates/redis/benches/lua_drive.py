@@ -31,6 +31,8 @@ writes DIR/done. Scenarios:
              ...`), through the lean rule script: each hit a random one of 1,000,000 users'
              keys and one key every hit shares
   full-or-shared  the same rule through the whole script
+  and-shared the or-shared rule's two GCRA leaves joined by `and` instead, through the lean
+             rule script
   fixed-or-shared, full-fixed-or-shared  the same with two fixed-window leaves (1,000,000,000
              a minute), through the lean rule script and the whole script
   login-flood  16 hits per call of one GCRA leaf with a penalty (a login form's, 1 a
@@ -158,18 +160,20 @@ elif scenario == "login-flood":
         keys = ["bench:login", "bench:login:penalty"] * 16
         return client.evalsha(sha, 32, *keys, *params)
 
-elif scenario in ("or-shared", "fixed-or-shared"):
+elif scenario in ("or-shared", "fixed-or-shared", "and-shared"):
     sha = load("rule_batch.lua")
     # One parameter set (no per-hit set numbers): cost 1, recorded when admitted, two
     # leaves so large that every hit is admitted and written (GCRA, kind 1: 1 µs interval,
     # burst and window 1,000,000; fixed window, kind 4: 1,000,000,000 a minute); each hit
     # names a random user's key, then the shared key.
-    if scenario == "or-shared":
-        leaf = [1, 1, 1_000_000, 1_000_000]
-    else:
+    if scenario == "fixed-or-shared":
         leaf = [4, 1_000_000_000, 60_000_000, 0]
-    # No tree (0: an `or` of every leaf), no penalty (0).
-    params = [1, 1, 0, 2, *leaf, *leaf, 0, 0]
+    else:
+        leaf = [1, 1, 1_000_000, 1_000_000]
+    # No tree (0: an `or` of every leaf), or for `and-shared` the tree and(leaf 1, leaf 2)
+    # (3 numbers: 202, 1, 2); no penalty (0).
+    tree = [3, 202, 1, 2] if scenario == "and-shared" else [0]
+    params = [1, 1, 0, 2, *leaf, *leaf, *tree, 0]
 
     def call():
         keys = []
