@@ -58,7 +58,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = lean::script(GCRA_BATCH_LUA);
+    let source = lean::source(GCRA_BATCH_LUA);
 
     let quotas = [quota(5, 1), quota(3, 60), quota(100, 10)];
     // The core decides in the script's unit, microseconds.
@@ -93,7 +93,10 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
                 .map(|&(key, q, cost, recording)| (key, lean_arguments(q, cost, recording))),
         );
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
-        let debts = lean::run(&mut con, &script, &call_keys, &args, now);
+        let (debts, stored) =
+            lean::run_and_read(&mut con, &source, (&call_keys, &args, now), &keys, |key| {
+                redis::cmd("GET").arg(key).clone()
+            });
         assert_eq!(debts.len(), sent.len());
 
         let mut last_write: BTreeMap<&str, u64> = BTreeMap::new();
@@ -129,8 +132,8 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
             core.insert(key, after);
         }
 
-        for key in keys {
-            let stored: Option<u64> = redis::cmd("GET").arg(key).query(&mut con).unwrap();
+        for (key, (value, ttl)) in keys.iter().zip(stored) {
+            let stored: Option<u64> = redis::from_redis_value(value).unwrap();
             let expected = core.get(key).copied().unwrap_or(0);
             assert_eq!(
                 stored.unwrap_or(0).max(now),
@@ -140,7 +143,6 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
             if let Some(&tat) = last_write.get(key)
                 && tat > now
             {
-                let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
                 let px = (tat - now).div_ceil(1_000).max(1) as i64;
                 assert!(
                     ttl <= px && ttl > px - 1_000,

@@ -122,7 +122,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_connection().expect("connect");
-    let script = lean::script(RULE_BATCH_LUA);
+    let source = lean::source(RULE_BATCH_LUA);
 
     // The shared leaf, 10 a second, is reached by busy batches; the per-user ones by a
     // user's own hits. A cost of 4 exceeds the second rule's first leaf's burst of 3. The
@@ -222,7 +222,14 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                 (keys, rules[r].lean(cost, recording).arguments())
             },
         ));
-        let reply = lean::run(&mut con, &script, &call_keys, &args, now);
+        let watched: Vec<&str> = all_keys.iter().map(String::as_str).collect();
+        let (reply, stored) = lean::run_and_read(
+            &mut con,
+            &source,
+            (&call_keys, &args, now),
+            &watched,
+            |key| redis::cmd("GET").arg(key).clone(),
+        );
         assert_eq!(reply[0] as u64, now, "the reply starts with the call's now");
 
         let mut last_write: BTreeMap<&str, Kept> = BTreeMap::new();
@@ -319,8 +326,8 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             "batch {batch}: every integer of the reply read"
         );
 
-        for key in &all_keys {
-            let stored: Option<String> = redis::cmd("GET").arg(key).query(&mut con).unwrap();
+        for (key, (value, ttl)) in all_keys.iter().zip(stored) {
+            let stored: Option<String> = redis::from_redis_value(value).unwrap();
             let expected = core.get(key).copied();
             let expires_at = match expected {
                 Some(Kept::Record(record)) => {
@@ -374,7 +381,6 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                 }
             };
             if last_write.contains_key(key.as_str()) && expires_at > now {
-                let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
                 let px = (expires_at - now).div_ceil(1_000).max(1) as i64;
                 assert!(
                     ttl <= px && ttl > px - 1_000,
