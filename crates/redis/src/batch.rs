@@ -19,19 +19,20 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, LazyLock, Weak};
 
 use sluice_core::Decision;
 use sluice_limiter::{Hit, Identifier};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::RedisError;
-use crate::lean_batch::{FixedPending, LogPending, SlidingPending};
+use crate::lean_batch::{FixedPending, LeanPending, LogPending, SlidingPending};
 use crate::lease_batch::LeasePending;
 use crate::rule_batch::RulePending;
 use crate::script::batch_call;
 use crate::script::{
-    FIXED_BATCH, GCRA_BATCH, LOG_BATCH, LeanFixed, LeanGcra, LeanLog, LeanSliding, SLIDING_BATCH,
+    FIXED_BATCH, GCRA_BATCH, LOG_BATCH, LeanFixed, LeanGcra, LeanLog, LeanSliding, Lua,
+    SLIDING_BATCH,
 };
 use crate::slot::{key, slot_of};
 use crate::store::{Inner, RedisStore};
@@ -333,18 +334,9 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanFixed,
     ) -> Result<Decision, RedisError> {
-        let batcher = &self.queues().fixed;
+        let queue = &self.queues().fixed;
         let [used, left] = self
-            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
-                FixedPending {
-                    key,
-                    arguments: lean.arguments(),
-                    slot,
-                    script: &FIXED_BATCH,
-                    token: false,
-                    reply,
-                }
-            })
+            .lean_reply(queue, hit, lean.arguments(), &FIXED_BATCH, false)
             .await?;
         lean.decision(used, left)
     }
@@ -356,18 +348,9 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanSliding,
     ) -> Result<Decision, RedisError> {
-        let batcher = &self.queues().sliding;
+        let queue = &self.queues().sliding;
         let verdict = self
-            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
-                SlidingPending {
-                    key,
-                    arguments: lean.arguments(),
-                    slot,
-                    script: &SLIDING_BATCH,
-                    token: false,
-                    reply,
-                }
-            })
+            .lean_reply(queue, hit, lean.arguments(), &SLIDING_BATCH, false)
             .await?;
         lean.decision(verdict)
     }
@@ -379,20 +362,33 @@ impl RedisStore {
         hit: &Hit<'_>,
         lean: LeanLog,
     ) -> Result<Decision, RedisError> {
-        let batcher = &self.queues().log;
+        let queue = &self.queues().log;
         let verdict = self
-            .batched(batcher, &hit.identifiers[0], |key, slot, reply| {
-                LogPending {
-                    key,
-                    arguments: lean.arguments(),
-                    slot,
-                    script: &LOG_BATCH,
-                    token: true,
-                    reply,
-                }
-            })
+            .lean_reply(queue, hit, lean.arguments(), &LOG_BATCH, true)
             .await?;
         lean.decision(verdict)
+    }
+
+    /// Queues a lean hit of `A` arguments on `queue` for its next call of `script` (whose
+    /// ARGV ends with a token unique to the call when `token`), and waits, within the
+    /// store's timeout, for the hit's `R` integers.
+    async fn lean_reply<const A: usize, const R: usize>(
+        &self,
+        queue: &Batcher<LeanPending<A, R>>,
+        hit: &Hit<'_>,
+        arguments: [u64; A],
+        script: &'static LazyLock<Lua>,
+        token: bool,
+    ) -> Result<[i64; R], RedisError> {
+        self.batched(queue, &hit.identifiers[0], |key, slot, reply| LeanPending {
+            key,
+            arguments,
+            slot,
+            script,
+            token,
+            reply,
+        })
+        .await
     }
 
     /// Queues a step on `identifier`'s key for `batcher`'s next batch (`pending` makes it

@@ -1,7 +1,7 @@
 //! The lean shapes: hits the Redis store decides through a lean batched script instead of
 //! the whole decision script (one GCRA, fixed-window, sliding-window or sliding-log leaf
-//! without a penalty), their arguments, their decisions from each script's reply, and the KEYS and
-//! ARGV of a batch of them.
+//! without a penalty), their arguments, their decisions from each script's reply, and the
+//! KEYS and ARGV of a batch of them.
 
 use sluice_core::{Algorithm, Decision, Quota, Recording, Retry, Shape, State, Verdict};
 use sluice_limiter::Hit;
@@ -9,13 +9,41 @@ use sluice_limiter::Hit;
 use crate::RedisError;
 use crate::script::{TICK_NS, micro, recording_code};
 
-/// The quota of `hit` when it has a lean script's shape: one leaf of `algorithm`, one
-/// identifier, no penalty.
-fn lean_quota<'h>(hit: &'h Hit<'_>, algorithm: Algorithm) -> Option<&'h Quota> {
-    let ev = &hit.evaluation;
-    match (ev.quotas, hit.identifiers, ev.shape, ev.penalty) {
-        ([quota], [_], Shape::Leaf(0), None) if quota.algorithm() == algorithm => Some(quota),
-        _ => None,
+/// What every lean single-leaf hit carries: its quota counted in microseconds, its cost and
+/// its recording.
+#[derive(Debug, Clone, Copy)]
+struct Leaf {
+    quota: Quota,
+    cost: u64,
+    recording: Recording,
+}
+
+impl Leaf {
+    /// `Some` when `hit` has a lean script's shape: one leaf of `algorithm`, one identifier,
+    /// no penalty.
+    fn of(hit: &Hit<'_>, algorithm: Algorithm) -> Result<Option<Leaf>, RedisError> {
+        let ev = &hit.evaluation;
+        match (ev.quotas, hit.identifiers, ev.shape, ev.penalty) {
+            ([quota], [_], Shape::Leaf(0), None) if quota.algorithm() == algorithm => {
+                Ok(Some(Leaf {
+                    quota: micro(quota)?,
+                    cost: ev.cost,
+                    recording: ev.recording,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Cost, recording, limit and window length (microseconds): a fixed window's and a
+    /// sliding log's arguments.
+    fn limit_and_window(&self) -> [u64; 4] {
+        [
+            self.cost,
+            u64::from(recording_code(self.recording)),
+            self.quota.limit(),
+            self.quota.window_ticks(),
+        ]
     }
 }
 
@@ -24,34 +52,22 @@ fn lean_quota<'h>(hit: &'h Hit<'_>, algorithm: Algorithm) -> Option<&'h Quota> {
 ///
 /// [`GCRA_BATCH`]: crate::script::GCRA_BATCH
 #[derive(Debug, Clone, Copy)]
-pub struct LeanGcra {
-    /// The quota counted in microseconds.
-    quota: Quota,
-    cost: u64,
-    recording: Recording,
-}
+pub struct LeanGcra(Leaf);
 
 impl LeanGcra {
     /// `Some` when `hit` has the lean script's shape; `None` sends it to [`DECIDE`].
     ///
     /// [`DECIDE`]: crate::script::DECIDE
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanGcra>, RedisError> {
-        let Some(quota) = lean_quota(hit, Algorithm::Gcra) else {
-            return Ok(None);
-        };
-        Ok(Some(LeanGcra {
-            quota: micro(quota)?,
-            cost: hit.evaluation.cost,
-            recording: hit.evaluation.recording,
-        }))
+        Ok(Leaf::of(hit, Algorithm::Gcra)?.map(LeanGcra))
     }
 
     /// The hit's five arguments: cost, recording, interval, burst, window (microseconds).
     pub fn arguments(&self) -> [u64; 5] {
-        let q = &self.quota;
+        let q = &self.0.quota;
         [
-            self.cost,
-            u64::from(recording_code(self.recording)),
+            self.0.cost,
+            u64::from(recording_code(self.0.recording)),
             q.interval_ticks(),
             q.burst(),
             q.window_ticks(),
@@ -65,9 +81,11 @@ impl LeanGcra {
     pub fn decision(&self, debt: i64) -> Result<Decision, RedisError> {
         let debt =
             u64::try_from(debt).map_err(|_| RedisError::Reply(format!("negative debt {debt}")))?;
-        let (q, cost) = (&self.quota, self.cost);
+        let (q, cost) = (&self.0.quota, self.0.cost);
         let mut verdict = q.gcra_verdict(debt, 0, cost);
-        if !verdict.allowed && verdict.retry != Retry::Never && recording_code(self.recording) == 1
+        if !verdict.allowed
+            && verdict.retry != Retry::Never
+            && recording_code(self.0.recording) == 1
         {
             verdict = q.gcra_verdict(q.gcra_record(debt, 0, cost), 0, cost);
         }
@@ -80,34 +98,17 @@ impl LeanGcra {
 ///
 /// [`FIXED_BATCH`]: crate::script::FIXED_BATCH
 #[derive(Debug, Clone, Copy)]
-pub struct LeanFixed {
-    /// The quota counted in microseconds.
-    quota: Quota,
-    cost: u64,
-    recording: Recording,
-}
+pub struct LeanFixed(Leaf);
 
 impl LeanFixed {
     /// `Some` when `hit` has the lean fixed-window shape; `None` sends it elsewhere.
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanFixed>, RedisError> {
-        let Some(quota) = lean_quota(hit, Algorithm::FixedWindow) else {
-            return Ok(None);
-        };
-        Ok(Some(LeanFixed {
-            quota: micro(quota)?,
-            cost: hit.evaluation.cost,
-            recording: hit.evaluation.recording,
-        }))
+        Ok(Leaf::of(hit, Algorithm::FixedWindow)?.map(LeanFixed))
     }
 
     /// The hit's four arguments: cost, recording, limit, window length (microseconds).
     pub fn arguments(&self) -> [u64; 4] {
-        [
-            self.cost,
-            u64::from(recording_code(self.recording)),
-            self.quota.limit(),
-            self.quota.window_ticks(),
-        ]
+        self.0.limit_and_window()
     }
 
     /// The decision from the hit's reply: the count its window held before it (`used`) and
@@ -116,7 +117,7 @@ impl LeanFixed {
     /// as the full script does at `now`; a denial counted anyway (recording `always`)
     /// answers with the recorded state's verdict, as there.
     pub fn decision(&self, used: i64, left: i64) -> Result<Decision, RedisError> {
-        let (q, cost) = (&self.quota, self.cost);
+        let (q, cost) = (&self.0.quota, self.0.cost);
         let length = q.window_ticks();
         let (used, left) = match (u64::try_from(used), u64::try_from(left)) {
             (Ok(used), Ok(left)) if left > 0 && left <= length => (used, left),
@@ -132,7 +133,9 @@ impl LeanFixed {
             count: used,
         };
         let mut verdict = q.verdict(&state, now, cost);
-        if !verdict.allowed && verdict.retry != Retry::Never && recording_code(self.recording) == 1
+        if !verdict.allowed
+            && verdict.retry != Retry::Never
+            && recording_code(self.0.recording) == 1
         {
             q.record(&mut state, now, cost);
             let after = q.verdict(&state, now, cost);
@@ -149,33 +152,21 @@ impl LeanFixed {
 ///
 /// [`SLIDING_BATCH`]: crate::script::SLIDING_BATCH
 #[derive(Debug, Clone, Copy)]
-pub struct LeanSliding {
-    /// The quota counted in microseconds.
-    quota: Quota,
-    cost: u64,
-    recording: Recording,
-}
+pub struct LeanSliding(Leaf);
 
 impl LeanSliding {
     /// `Some` when `hit` has the lean sliding-window shape; `None` sends it elsewhere.
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanSliding>, RedisError> {
-        let Some(quota) = lean_quota(hit, Algorithm::SlidingWindow) else {
-            return Ok(None);
-        };
-        Ok(Some(LeanSliding {
-            quota: micro(quota)?,
-            cost: hit.evaluation.cost,
-            recording: hit.evaluation.recording,
-        }))
+        Ok(Leaf::of(hit, Algorithm::SlidingWindow)?.map(LeanSliding))
     }
 
     /// The hit's five arguments: cost, recording, limit, sub-window length (microseconds),
     /// sub-windows.
     pub fn arguments(&self) -> [u64; 5] {
-        let q = &self.quota;
+        let q = &self.0.quota;
         [
-            self.cost,
-            u64::from(recording_code(self.recording)),
+            self.0.cost,
+            u64::from(recording_code(self.0.recording)),
             q.limit(),
             q.sub_window_ticks(),
             u64::from(q.windows()),
@@ -184,7 +175,7 @@ impl LeanSliding {
 
     /// The decision from the hit's reply, the script's verdict (see [`verdict_decision`]).
     pub fn decision(&self, reply: [i64; 3]) -> Result<Decision, RedisError> {
-        verdict_decision(self.quota.limit(), reply, "sliding window")
+        verdict_decision(self.0.quota.limit(), reply, "sliding window")
     }
 }
 
@@ -193,39 +184,22 @@ impl LeanSliding {
 ///
 /// [`LOG_BATCH`]: crate::script::LOG_BATCH
 #[derive(Debug, Clone, Copy)]
-pub struct LeanLog {
-    /// The quota counted in microseconds.
-    quota: Quota,
-    cost: u64,
-    recording: Recording,
-}
+pub struct LeanLog(Leaf);
 
 impl LeanLog {
     /// `Some` when `hit` has the lean sliding-log shape; `None` sends it elsewhere.
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanLog>, RedisError> {
-        let Some(quota) = lean_quota(hit, Algorithm::SlidingLog) else {
-            return Ok(None);
-        };
-        Ok(Some(LeanLog {
-            quota: micro(quota)?,
-            cost: hit.evaluation.cost,
-            recording: hit.evaluation.recording,
-        }))
+        Ok(Leaf::of(hit, Algorithm::SlidingLog)?.map(LeanLog))
     }
 
     /// The hit's four arguments: cost, recording, limit, window length (microseconds).
     pub fn arguments(&self) -> [u64; 4] {
-        [
-            self.cost,
-            u64::from(recording_code(self.recording)),
-            self.quota.limit(),
-            self.quota.window_ticks(),
-        ]
+        self.0.limit_and_window()
     }
 
     /// The decision from the hit's reply, the script's verdict (see [`verdict_decision`]).
     pub fn decision(&self, reply: [i64; 3]) -> Result<Decision, RedisError> {
-        verdict_decision(self.quota.limit(), reply, "sliding log")
+        verdict_decision(self.0.quota.limit(), reply, "sliding log")
     }
 }
 
