@@ -35,6 +35,8 @@ writes DIR/done. Scenarios:
              rule script
   fixed-or-shared, full-fixed-or-shared  the same with two fixed-window leaves (1,000,000,000
              a minute), through the lean rule script and the whole script
+  sliding-or-shared, full-sliding-or-shared  the same with two sliding-window leaves (10
+             sub-windows)
   login-flood  16 hits per call of one GCRA leaf with a penalty (a login form's, 1 a
              minute, counting denials, boxed 1 s doubling up to 15 min), all on one address
              that is boxed: what a credential-stuffing flood costs, through the lean rule
@@ -110,6 +112,7 @@ elif scenario.startswith("full"):
     # admitted and written.
     gcra = [1, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
     fixed = [4, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 1]
+    sliding = [2, 1_000_000_000, 60_000_000, 1, 1_000_000_000, 10]
     if scenario == "full-login-flood":
         # One leaf of 1 a minute, recording always, then the penalty (base, factor, max,
         # forget_after); the address's key and its penalty record's.
@@ -118,13 +121,15 @@ elif scenario.startswith("full"):
 
         quotas = [1, 1, 1, 60_000_000, 60_000_000, 1, 1, 1_000_000, 2, 900_000_000,
                   3_600_000_000]
-    elif scenario in ("full-or-shared", "full-fixed-or-shared"):
+    elif scenario in ("full-or-shared", "full-fixed-or-shared", "full-sliding-or-shared"):
         # The user's leaf, then the one every hit shares.
         def names():
             return [2, key(True, "bench:or"), "bench:or:shared", 1, 0, "o2 l0 l1 "]
 
         if scenario == "full-or-shared":
             quotas = [2, *gcra, *gcra]
+        elif scenario == "full-sliding-or-shared":
+            quotas = [2, *sliding, *sliding]
         else:
             quotas = [2, *fixed, *fixed]
     else:
@@ -160,7 +165,7 @@ elif scenario == "login-flood":
         keys = ["bench:login", "bench:login:penalty"] * 16
         return client.evalsha(sha, 32, *keys, *params)
 
-elif scenario in ("or-shared", "fixed-or-shared", "and-shared"):
+elif scenario in ("or-shared", "fixed-or-shared", "and-shared", "sliding-or-shared"):
     sha = load("rule_batch.lua")
     # One parameter set (no per-hit set numbers): cost 1, recorded when admitted, two
     # leaves so large that every hit is admitted and written (GCRA, kind 1: 1 µs interval,
@@ -168,6 +173,9 @@ elif scenario in ("or-shared", "fixed-or-shared", "and-shared"):
     # names a random user's key, then the shared key.
     if scenario == "fixed-or-shared":
         leaf = [4, 1_000_000_000, 60_000_000, 0]
+    elif scenario == "sliding-or-shared":
+        # Kind 2: 1,000,000,000 a minute in 10 sub-windows of 6 s.
+        leaf = [2, 1_000_000_000, 6_000_000, 10]
     else:
         leaf = [1, 1, 1_000_000, 1_000_000]
     # No tree (0: an `or` of every leaf), or for `and-shared` the tree and(leaf 1, leaf 2)

@@ -1,19 +1,19 @@
-//! Batching of rules of GCRA or fixed-window leaves joined by `;` (`user:10/s; user:1000/h`,
-//! `apikey:100/m; 1000/s`: the usual way to state more than one limit), with or without a
-//! penalty, and of one such leaf with a penalty (`ip:5/m` on a login form, boxing repeat
-//! offenders), as
-//! single-leaf hits are batched (`src/batch.rs`): each hit decided in order by
-//! `lua/rule_batch.lua`, each atomic and its own answer, each key written once per
-//! call; a call that fails fails every hit in it. Without it every such decision was one
-//! call of the whole script.
+//! Batching of rules of GCRA, fixed-window or sliding-window leaves joined by `;`
+//! (`user:10/s; user:1000/h`, `apikey:100/m; 1000/s`: the usual way to state more than one
+//! limit) or in any tree of `or` and `and`, with or without a penalty, and of one such leaf
+//! with a penalty (`ip:5/m` on a login form, boxing repeat offenders), as single-leaf hits
+//! are batched (`src/batch.rs`): each hit decided in order by `lua/rule_batch.lua`, each
+//! atomic and its own answer, each key written once per call; a call that fails fails every
+//! hit in it. Without it every such decision was one call of the whole script.
 //!
-//! The script answers Redis's `now`, each leaf's debt (GCRA) or count in the current window
-//! (fixed window) and the penalty record each hit found; the core's rule evaluation at
-//! `now`, on TATs of `now` plus the debts, windows holding those counts and that record,
-//! makes the decision, as the whole script's would be (a GCRA verdict depends on the TAT
-//! only through the debt, and a TAT not after `now` decides as a fresh one; a fixed
-//! window's only through its count in the current window).
+//! The script answers Redis's `now`, each leaf's debt (GCRA), count in the current window
+//! (fixed window) or state (sliding window), and the penalty record each hit found; the
+//! core's rule evaluation at `now`, on TATs of `now` plus the debts, windows holding those
+//! counts, those states and that record, makes the decision, as the whole script's would be
+//! (a GCRA verdict depends on the TAT only through the debt, and a TAT not after `now`
+//! decides as a fresh one; a fixed window's only through its count in the current window).
 
+use sluice_core::algorithm::sliding_window::Counters;
 use sluice_core::{
     Algorithm, Decision, Evaluation, Penalty, PenaltyState, Quota, Recording, Shape, State,
     evaluate,
@@ -29,8 +29,9 @@ use crate::store::RedisStore;
 /// Most leaves of a rule the lean script takes; larger rules run the whole script.
 pub const MAX_RULE_LEAVES: usize = 8;
 
-/// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA or fixed-window
-/// leaves under any tree of `or` and `and` (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
+/// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA, fixed-window or
+/// sliding-window (of at most [`MAX_RULE_SUB_WINDOWS`]) leaves under any tree of `or` and
+/// `and` (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
 /// the script, and its decision from the script's reply.
 #[derive(Debug, Clone)]
 pub struct LeanRule {
@@ -90,15 +91,16 @@ impl LeanRule {
             .collect()
     }
 
-    /// The integers of the hit's reply: a debt or a count per leaf, and the penalty
-    /// record's three.
+    /// The integers of the hit's reply: a debt or a count per leaf (a sliding window's
+    /// newest sub-window and its counts), and the penalty record's three.
     pub fn reply_len(&self) -> usize {
-        self.quotas.len() + if self.penalty.is_some() { 3 } else { 0 }
+        let leaves: usize = self.quotas.iter().map(leaf_reply_len).sum();
+        leaves + if self.penalty.is_some() { 3 } else { 0 }
     }
 
     /// The hit's parameter set: cost, recording, the number of leaves, each leaf's kind and
     /// three numbers (GCRA: 1, interval, burst, window; fixed window: 4, limit, window
-    /// length, 0), the shape (0 for one leaf or an `or` of every leaf, else its length and
+    /// length, 0; sliding window: 2, limit, sub-window length, sub-windows), the shape (0 for one leaf or an `or` of every leaf, else its length and
     /// [`tree_code`]), then 0, or 1 and the penalty's base, factor, max and forget_after
     /// (microseconds).
     pub fn arguments(&self) -> Vec<u64> {
@@ -113,6 +115,12 @@ impl LeanRule {
                 Some(GCRA) => {
                     arguments.extend([GCRA, q.interval_ticks(), q.burst(), q.window_ticks()]);
                 }
+                Some(SLIDING_WINDOW) => arguments.extend([
+                    SLIDING_WINDOW,
+                    q.limit(),
+                    q.sub_window_ticks(),
+                    u64::from(q.windows()),
+                ]),
                 _ => arguments.extend([FIXED_WINDOW, q.limit(), q.window_ticks(), 0]),
             }
         }
@@ -130,8 +138,8 @@ impl LeanRule {
 
     /// The decision from the call's `now` and the hit's reply ([`LeanRule::reply_len`]
     /// integers): the core's evaluation of the rule at `now`, on TATs of `now` plus each
-    /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`, and
-    /// the penalty record the hit found, recording as the hit does (a denial
+    /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`, the
+    /// sliding windows' states as the hit found them, and the penalty record it found, recording as the hit does (a denial
     /// counted anyway answers with the recorded states' wait, a boxed key the box's). A
     /// reply of another length or a negative number is an error.
     pub fn decision(&self, now: i64, reply: &[i64]) -> Result<Decision, RedisError> {
@@ -146,21 +154,32 @@ impl LeanRule {
         }
         let number = |x: i64| u64::try_from(x).map_err(|_| wrong());
         let now = number(now)?;
-        let (leaves, record) = reply.split_at(self.quotas.len());
-        let mut states = leaves
-            .iter()
-            .zip(&self.quotas)
-            .map(|(&n, q)| match q.algorithm() {
-                Algorithm::FixedWindow => Ok(State::FixedWindow {
+        let leaf_len: usize = self.quotas.iter().map(leaf_reply_len).sum();
+        let (mut leaves, record) = reply.split_at(leaf_len);
+        let mut states = Vec::with_capacity(self.quotas.len());
+        for q in &self.quotas {
+            let (own, rest) = leaves.split_at(leaf_reply_len(q));
+            leaves = rest;
+            states.push(match (q.algorithm(), own) {
+                (Algorithm::FixedWindow, &[count]) => State::FixedWindow {
                     window: now / q.window_ticks(),
-                    count: number(n)?,
-                }),
-                _ => {
-                    let tat = now.checked_add(number(n)?).ok_or_else(wrong)?;
-                    Ok(State::Gcra { tat })
+                    count: number(count)?,
+                },
+                (Algorithm::SlidingWindow, [newest, ring @ ..]) => {
+                    // The ring by sub-window number modulo G, as `from_parts` takes it:
+                    // oldest first, from sub-window newest - G + 1.
+                    let (newest, g) = (number(*newest)?, ring.len() as u64);
+                    let oldest_first = (0..g)
+                        .map(|offset| number(ring[((newest + 1 + offset) % g) as usize]))
+                        .collect::<Result<Vec<u64>, RedisError>>()?;
+                    State::SlidingWindow(Counters::from_parts(newest, &oldest_first))
                 }
-            })
-            .collect::<Result<Vec<State>, RedisError>>()?;
+                (_, &[debt]) => State::Gcra {
+                    tat: now.checked_add(number(debt)?).ok_or_else(wrong)?,
+                },
+                _ => return Err(wrong()),
+            });
+        }
         let mut record = match record {
             [strikes, until, last] => Some(PenaltyState {
                 strikes: u32::try_from(*strikes).map_err(|_| wrong())?,
@@ -183,13 +202,29 @@ impl LeanRule {
 /// A leaf's kind in the script's arguments: algorithms.lua's code for GCRA and fixed window.
 const GCRA: u64 = 1;
 const FIXED_WINDOW: u64 = 4;
+const SLIDING_WINDOW: u64 = 2;
+
+/// Most sub-windows of a sliding-window leaf the lean rule script takes: its reply carries
+/// the leaf's state, one integer a sub-window. Finer windows (up to 3,600) run the whole
+/// script.
+pub const MAX_RULE_SUB_WINDOWS: u32 = 60;
 
 /// The kind of a leaf the lean rule script takes, `None` for the algorithms it does not.
 fn leaf_kind(quota: &Quota) -> Option<u64> {
     match quota.algorithm() {
         Algorithm::Gcra => Some(GCRA),
         Algorithm::FixedWindow => Some(FIXED_WINDOW),
+        Algorithm::SlidingWindow if quota.windows() <= MAX_RULE_SUB_WINDOWS => Some(SLIDING_WINDOW),
         _ => None,
+    }
+}
+
+/// The integers a leaf answers in the lean rule script's reply: a debt or a count, or a
+/// sliding window's newest sub-window and its counts.
+fn leaf_reply_len(quota: &Quota) -> usize {
+    match quota.algorithm() {
+        Algorithm::SlidingWindow => 1 + quota.windows() as usize,
+        _ => 1,
     }
 }
 

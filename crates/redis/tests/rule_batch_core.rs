@@ -1,7 +1,8 @@
-//! The lean rule batch script (GCRA and fixed-window leaves joined by `;` or in any tree of
-//! `or` and `and`, or one leaf with a penalty) against the core, hit by hit: random batches
-//! of hits of five rules over a few users (one mixes a fixed window among GCRA leaves, one is
-//! a fixed window with a penalty, one an `and` within an `or`),
+//! The lean rule batch script (GCRA, fixed-window and sliding-window leaves joined by `;` or
+//! in any tree of `or` and `and`, or one leaf with a penalty) against the core, hit by hit:
+//! random batches of hits of six rules over a few users (one mixes a fixed window among GCRA
+//! leaves, one is a fixed window with a penalty, one an `and` within an `or`, one a sliding
+//! window and a GCRA leaf with a penalty),
 //! two of them also naming one key all share (a limit every caller hits, so a key named
 //! many times in one batch), one with a penalty that boxes a user denied again and again,
 //! some costs above what is left or above a leaf's burst, some hits counted when denied or
@@ -15,6 +16,7 @@ mod lean;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use sluice_core::algorithm::sliding_window::Counters;
 use sluice_core::{
     Algorithm, Denial, Evaluation, Leaf, Penalty, PenaltyState, Quota, Rate, Recording, Shape,
     Span, State, Unit, evaluate,
@@ -37,6 +39,65 @@ fn quota(count: u64, seconds: u64, burst: u64) -> Quota {
 fn fixed(count: u64, seconds: u64) -> Quota {
     let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
     Quota::from_leaf(&Leaf::new(rate), Algorithm::FixedWindow).unwrap()
+}
+
+/// A sliding-window quota of `count` per `seconds` in `windows` sub-windows.
+fn sliding(count: u64, seconds: u64, windows: u32) -> Quota {
+    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
+    let mut leaf = Leaf::new(rate);
+    leaf.options.windows = Some(windows);
+    Quota::from_leaf(&leaf, Algorithm::SlidingWindow).unwrap()
+}
+
+/// Reads a sliding window's state as Redis holds it, msgpack [newest, c_0 .. c_{G-1}],
+/// unpacked by Redis's own cmsgpack.
+const READ_SLIDING: &str = "local v = redis.call('GET', KEYS[1]) if not v then return false end \
+                            return cmsgpack.unpack(v)";
+
+/// A sliding window's state from its newest sub-window and its counts by sub-window number
+/// modulo G, as the script stores and answers it.
+fn counters(newest: u64, ring: &[u64]) -> State {
+    let g = ring.len() as u64;
+    let oldest_first: Vec<u64> = (0..g)
+        .map(|offset| ring[((newest + 1 + offset) % g) as usize])
+        .collect();
+    State::SlidingWindow(Counters::from_parts(newest, &oldest_first))
+}
+
+/// What a leaf's state shows a hit at `now`: a GCRA leaf's debt, a fixed window's count in
+/// its current window, a sliding window's counts of the sub-windows counted at `now`.
+fn observed(q: &Quota, state: &State, now: u64) -> Vec<u64> {
+    match state {
+        State::Gcra { tat } => vec![(*tat).max(now) - now],
+        State::FixedWindow { window, count } => {
+            vec![if *window == now / q.window_ticks() {
+                *count
+            } else {
+                0
+            }]
+        }
+        State::SlidingWindow(c) => {
+            let (g, current) = (u64::from(c.len()), now / q.sub_window_ticks());
+            ((current + 1).saturating_sub(g)..=current)
+                .map(|n| c.count(n))
+                .collect()
+        }
+        other => unreachable!("{other:?}"),
+    }
+}
+
+/// A leaf's state from its part of the script's reply: a debt, a count in the current
+/// window, or a sliding window's state.
+fn from_reply(q: &Quota, part: &[u64], now: u64) -> State {
+    match (q.algorithm(), part) {
+        (Algorithm::Gcra, &[debt]) => State::Gcra { tat: now + debt },
+        (Algorithm::FixedWindow, &[count]) => State::FixedWindow {
+            window: now / q.window_ticks(),
+            count,
+        },
+        (Algorithm::SlidingWindow, [newest, ring @ ..]) => counters(*newest, ring),
+        other => panic!("no leaf answers {other:?}"),
+    }
 }
 
 /// A rule: its leaves' quotas (joined by `;` when more than one), its penalty.
@@ -98,12 +159,13 @@ impl Rule {
     }
 }
 
-/// The core's state of one key: a GCRA leaf's TAT, a fixed window's number and count, or a
-/// penalty record.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The core's state of one key: a GCRA leaf's TAT, a fixed window's number and count, a
+/// sliding window's state, or a penalty record.
+#[derive(Clone, Debug, PartialEq)]
 enum Kept {
     Tat(u64),
     Window(u64, u64),
+    Slid(State),
     Record(PenaltyState),
 }
 
@@ -112,6 +174,7 @@ impl Kept {
         match state {
             State::Gcra { tat } => Kept::Tat(*tat),
             State::FixedWindow { window, count } => Kept::Window(*window, *count),
+            State::SlidingWindow(_) => Kept::Slid(state.clone()),
             other => unreachable!("{other:?}"),
         }
     }
@@ -136,6 +199,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         Rule::new(vec![quota(2, 1, 2)], Some(penalty)),
         Rule::new(vec![fixed(2, 1)], Some(penalty)),
         Rule::or_of_and(vec![quota(2, 1, 2), fixed(4, 1), quota(6, 1, 6)]),
+        Rule::new(vec![sliding(3, 1, 4), quota(6, 1, 6)], Some(penalty)),
     ];
     let users = ["alice", "bob", "carol"];
     // The keys of rule `r`'s hit for `user`: its leaves' (the last of the first two rules'
@@ -165,9 +229,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let mut rng = Rng(0x0a5e);
     let (mut now, mut hits, mut denied, mut repeats, mut never) = (1_000_000, 0, 0, 0, 0);
     let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
-    let (mut fixed_denials, mut and_spills) = (0u64, 0u64);
+    let (mut fixed_denials, mut and_spills, mut sliding_hits) = (0u64, 0u64, 0u64);
+    let mut sliding_denials = 0u64;
 
-    for batch in 0..400 {
+    for batch in 0..600 {
         // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
         // Every twentieth batch (a hot one) comes two minutes later, on full buckets, so
         // its hits reach a leaf's burst exactly.
@@ -228,7 +293,13 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             &source,
             (&call_keys, &args, now),
             &watched,
-            |key| redis::cmd("GET").arg(key).clone(),
+            |key| {
+                if key.starts_with("r5:") && key.ends_with(":0") {
+                    redis::cmd("EVAL").arg(READ_SLIDING).arg(1).arg(key).clone()
+                } else {
+                    redis::cmd("GET").arg(key).clone()
+                }
+            },
         );
         assert_eq!(reply[0] as u64, now, "the reply starts with the call's now");
 
@@ -250,6 +321,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                         window: *window,
                         count: *count,
                     },
+                    Some(Kept::Slid(state)) => state.clone(),
                     _ => q.fresh_state(),
                 })
                 .collect();
@@ -257,29 +329,31 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                 Some(Kept::Record(record)) => *record,
                 _ => PenaltyState::default(),
             });
-            let mut found: Vec<u64> = states
-                .iter()
-                .zip(&micros)
-                .map(|(state, q)| match state {
-                    State::Gcra { tat } => (*tat).max(now) - now,
-                    State::FixedWindow { window, count } => {
-                        if *window == now / q.window_ticks() {
-                            *count
-                        } else {
-                            0
-                        }
-                    }
-                    _ => unreachable!(),
-                })
-                .collect();
-            if let Some(p) = &record {
-                found.extend([u64::from(p.strikes), p.until, p.last_strike]);
-            }
+            // What each leaf's state shows the hit, in the core and as the script answered
+            // it (a sliding window's as its counted sub-windows: the script may hold a
+            // fresh state where the core keeps one whose counts have all left the window).
             let answered: Vec<u64> = mine.iter().map(|x| *x as u64).collect();
+            let (mut rest, mut seen, mut found) = (&answered[..], Vec::new(), Vec::new());
+            for (state, q) in states.iter().zip(&micros) {
+                let len = if q.algorithm() == Algorithm::SlidingWindow {
+                    1 + q.windows() as usize
+                } else {
+                    1
+                };
+                let (part, tail) = rest.split_at(len);
+                rest = tail;
+                seen.push(observed(q, &from_reply(q, part, now), now));
+                found.push(observed(q, state, now));
+            }
+            if let Some(p) = &record {
+                found.push(vec![u64::from(p.strikes), p.until, p.last_strike]);
+                seen.push(rest.to_vec());
+            }
             assert_eq!(
-                answered, found,
-                "batch {batch}, hit {i} ({user}, rule {r}): the debts and record found"
+                seen, found,
+                "batch {batch}, hit {i} ({user}, rule {r}): what the leaves and record showed"
             );
+            sliding_hits += u64::from(r == 5);
             let evaluation = Evaluation {
                 shape: &rule.shape,
                 quotas: &micros,
@@ -303,6 +377,11 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             denied += u64::from(!decision.allowed());
             shared_denials += u64::from(!decision.allowed() && r < 2 && decision.leaf == 0);
             boxed += u64::from(matches!(decision.denial, Some(Denial::Penalized { .. })));
+            sliding_denials += u64::from(
+                matches!(decision.denial, Some(Denial::Limited { .. }))
+                    && r == 5
+                    && decision.leaf == 0,
+            );
             fixed_denials += u64::from(
                 matches!(decision.denial, Some(Denial::Limited { .. }))
                     && ((r == 1 && decision.leaf == 1) || r == 3),
@@ -314,7 +393,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     if core.get(key) != Some(&kept) {
                         repeats += u64::from(last_write.contains_key(key.as_str()));
                         struck += u64::from(matches!(kept, Kept::Record(r) if r.strikes > 0));
-                        last_write.insert(key, kept);
+                        last_write.insert(key, kept.clone());
                     }
                     core.insert(key.clone(), kept);
                 }
@@ -327,8 +406,14 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         );
 
         for (key, (value, ttl)) in all_keys.iter().zip(stored) {
-            let stored: Option<String> = redis::from_redis_value(value).unwrap();
-            let expected = core.get(key).copied();
+            let expected = core.get(key).cloned();
+            // A sliding window's state is read as an array, every other as text.
+            let (stored, array): (Option<String>, Option<Vec<u64>>) =
+                if matches!(expected, Some(Kept::Slid(_))) {
+                    (None, redis::from_redis_value(value).unwrap())
+                } else {
+                    (redis::from_redis_value(value).unwrap(), None)
+                };
             let expires_at = match expected {
                 Some(Kept::Record(record)) => {
                     let stored = stored.as_deref().map(|text| {
@@ -375,6 +460,17 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     );
                     if count > 0 { (window + 1) * length } else { 0 }
                 }
+                Some(Kept::Slid(state)) => {
+                    let q = micro(&sliding(3, 1, 4)).unwrap();
+                    let held = array
+                        .map_or_else(|| q.fresh_state(), |items| counters(items[0], &items[1..]));
+                    assert_eq!(
+                        observed(&q, &held, now),
+                        observed(&q, &state, now),
+                        "batch {batch}: {key} holds the core's counts"
+                    );
+                    q.expires_at(&state)
+                }
                 None => {
                     assert_eq!(stored, None, "batch {batch}: {key} was never written");
                     0
@@ -400,6 +496,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     assert!(
         fixed_denials > 20,
         "fixed windows denied only {fixed_denials} hits"
+    );
+    assert!(
+        sliding_denials > 20,
+        "the sliding window denied only {sliding_denials} of {sliding_hits} hits"
     );
     assert!(
         and_spills > 20,

@@ -53,8 +53,8 @@ enum Script {
     /// (a token for the call's members last but one), the decision made from the script's
     /// three-integer verdict.
     LeanLog,
-    /// rule_batch.lua: the vectors of one GCRA or fixed-window leaf or a tree of `or` and
-    /// `and` over such leaves, with or without a penalty, each hit alone in its call, the decision made from the script's
+    /// rule_batch.lua: the vectors of one GCRA, fixed-window or sliding-window leaf or a
+    /// tree of `or` and `and` over such leaves, with or without a penalty, each hit alone in its call, the decision made from the script's
     /// debt per leaf and the penalty record the hit found.
     LeanRule,
 }
@@ -116,10 +116,10 @@ fn lean_fixed_window_script_reproduces_every_single_leaf_fixed_window_vector() {
 }
 
 #[test]
-fn lean_rule_script_reproduces_every_vector_of_gcra_and_fixed_window_leaves() {
-    // The single-leaf GCRA and fixed-window vectors, with a penalty or not, and those of
-    // every `or` and `and` tree of such leaves.
-    lean_script_reproduces_its_vectors(Script::LeanRule, RULE_BATCH_LUA, "rule", 150);
+fn lean_rule_script_reproduces_every_vector_of_gcra_fixed_and_sliding_window_leaves() {
+    // The single-leaf GCRA, fixed-window and sliding-window vectors, with a penalty or not,
+    // and those of every `or` and `and` tree of such leaves.
+    lean_script_reproduces_its_vectors(Script::LeanRule, RULE_BATCH_LUA, "rule", 280);
 }
 
 #[test]

@@ -1,5 +1,6 @@
--- sluice: the lean script for a rule of GCRA and fixed-window leaves joined by `;` (`or`:
--- the hit is denied when any leaf would be exceeded), or of one such leaf, or of any tree
+-- sluice: the lean script for a rule of GCRA, fixed-window and sliding-window leaves joined
+-- by `;` (`or`: the hit is denied when any leaf would be exceeded), or of one such leaf (a
+-- GCRA leaf alone without a penalty has gcra_batch.lua, and so on), or of any tree
 -- of `or` and `and` over such leaves (`and(apikey:100/h, 10/s)`), with or without a
 -- penalty, for a batch of such hits decided one after the other in one call (each its own
 -- decision, in order: a key named by several hits, such as a limit every caller shares or
@@ -7,36 +8,40 @@
 -- without a penalty.
 --
 -- The same writes as algorithms.lua's `run` for that shape (penalty_load and its early
--- answer, gcra.verdict or fixed.verdict of each leaf, the fold's verdict, gcra.record and
--- gcra.save or fixed.record and fixed.save of each leaf, penalty_strike and penalty_save),
--- line for line, without the library. A key named by several hits of the batch is written
--- once, after the last of them. `now` (integer microseconds) is defined by the entry before
--- this text (redis_now.lua, or the tests' `now`), `decimal` by decimal.lua.
+-- answer, each leaf's algorithm's verdict, the fold's verdict, each leaf's record and save,
+-- penalty_strike and penalty_save), line for line, without the library. A key named by
+-- several hits of the batch is written once, after the last of them. `now` (integer
+-- microseconds) is defined by the entry before this text (redis_now.lua, or the tests'
+-- `now`), `decimal` by decimal.lua.
 --
 -- KEYS: each hit's leaves' keys in the rule's leaf order, then its penalty record's key if
 -- it has a penalty, hit after hit. ARGV: the number of parameter sets S, then S sets, each:
 -- cost, recording (0 admitted, 1 always, 2 never), the number of leaves L, L quadruples
 -- (1, interval, burst, window in ticks for a GCRA leaf; 4, limit, window length in ticks, 0
--- for a fixed window: algorithms.lua's codes), then the shape: 0 for one leaf or an `or` of
--- every leaf, else its length K and K numbers, the tree in prefix order (leaf j is j, an
+-- for a fixed window; 2, limit, sub-window length in ticks, sub-windows G for a sliding
+-- window: algorithms.lua's codes), then the shape: 0 for one leaf or an `or` of every
+-- leaf, else its length K and K numbers, the tree in prefix order (leaf j is j, an
 -- `or` of n children 100 + n, an `and` of n children 200 + n); then 0 (no penalty) or 1 and
 -- the penalty's base, factor, max and forget_after (ticks); then one per hit, in order: the
 -- number of its set (from 1), left out when S is 1.
 -- Reply: `now`, then per hit: for each leaf, a GCRA leaf's debt before the hit
--- (max(tat, now) - now) or a fixed window's count before the hit in the current window, and
--- with a penalty the record the hit found (strikes, until, last strike). The store turns
--- them into the decision with the core's rule evaluation at `now`.
+-- (max(tat, now) - now), a fixed window's count before the hit in the current window, or a
+-- sliding window's state as the hit found it (its newest sub-window, then its G counts by
+-- sub-window number modulo G: G + 1 integers), and with a penalty the record the hit found
+-- (strikes, until, last strike). The store turns them into the decision with the core's
+-- rule evaluation at `now`.
 --
 -- Recording: the `or` is reached when any leaf is, so the hit is admitted when every leaf
 -- admits it. Its wait is never when some leaf's cost exceeds its capacity (its burst, or a
--- fixed window's limit: such a leaf is always reached, and `or` waits for its latest
--- reached leaf); otherwise a denial is limited. A tree folds the same way: an `or` is
+-- window's limit: such a leaf is always reached, and `or` waits for its latest reached
+-- leaf); otherwise a denial is limited. A tree folds the same way: an `or` is
 -- reached when any child is and waits never when any child does; an `and` is reached only
 -- when every child is and waits never only when every child does. A denial is recorded
 -- (recording `always`) unless its wait is never; a limited one adds a strike to the
 -- penalty record unless recording is `never`. A hit that finds its key boxed by the
 -- penalty (`until` later than now) is denied and changes nothing.
--- Arithmetic as in gcra_batch.lua: no library function per hit.
+-- Arithmetic as in gcra_batch.lua: no library function per hit, but cmsgpack's once per
+-- sliding-window key read and once per such key written.
 
 local format = string.format
 local sets = tonumber(ARGV[1])
@@ -98,18 +103,29 @@ local out, size = { now }, 1
 -- Penalty records: `records` (each read or struck record, {strikes, until, last}),
 -- `struck` (each struck record's forget_after), `strikes` (those keys, each once).
 -- KEYS is a global: a local reads it without a lookup by name.
-local keys, count = KEYS, #KEYS
+local keys, nkeys = KEYS, #KEYS
 local read = redis.call('MGET', unpack(keys))
 local written, order = {}, {}
 local windows, counts, lengths, fixed = {}, {}, {}, {}
+-- Sliding windows, as in sliding_batch.lua: each key's state once read or recorded
+-- (`states`, the msgpack array itself, with its G in `gs`), and each recorded key once in
+-- `slid`, with its sub-window length in `subs`.
+local states, gs, subs, slid = {}, {}, {}, {}
+-- Zeros to build a fresh sliding-window state from in one step.
+local zeros = {}
+local function fresh(g)
+  for j = #zeros + 1, g + 1 do zeros[j] = 0 end
+  return { unpack(zeros, 1, g + 1) }
+end
 local records, struck, strikes = {}, {}, {}
 -- Where this hit's keys start in KEYS (less one).
 local base, hit = 0, 0
--- This hit's leaves: a GCRA leaf's TAT, a fixed window's count before it and its window.
+-- This hit's leaves: a GCRA leaf's TAT, a fixed window's count before it, a sliding
+-- window's state; a window's current number.
 local tats, currents = {}, {}
 -- With a tree: whether each leaf is reached, and whether its wait is never.
 local reached, never = {}, {}
-while base < count do
+while base < nkeys do
   hit = hit + 1
   local p = only or params[ARGV[first + hit]]
   local cost, recording, leaves, penalty, tree = p[1], p[2], p[3], p.penalty, p.tree
@@ -130,7 +146,7 @@ while base < count do
     end
     boxed = rec[2] > now
   end
-  -- gcra.verdict or fixed.verdict of each leaf, and the fold: admitted when every leaf
+  -- Each leaf's verdict (whether it is reached), and the fold: admitted when every leaf
   -- admits; its wait never when a leaf's cost exceeds its capacity.
   local admits, fits = true, true
   for j = 1, leaves do
@@ -153,7 +169,7 @@ while base < count do
       if tree then reached[j], never[j] = debt > tau - inc, inc > tau end
       if inc > tau then fits = false end
       if debt > tau - inc then admits = false end
-    else
+    elseif p[4 * j] == 4 then
       -- fixed.load (the state recorded earlier in the batch, else the one read) and
       -- fixed.verdict: the count so far in the current window.
       local limit, length = p[1 + 4 * j], p[2 + 4 * j]
@@ -172,6 +188,42 @@ while base < count do
       tats[j], currents[j] = used, current
       size = size + 1
       out[size] = used
+      if tree then reached[j], never[j] = used + cost > limit, cost > limit end
+      if cost > limit then fits = false end
+      if used + cost > limit then admits = false end
+    else
+      -- sliding.load, as in sliding_batch.lua: the state recorded earlier in the batch, else
+      -- the one read (kept for the next hit of the same G); a state of another G is fresh.
+      local limit, sub, g = p[1 + 4 * j], p[2 + 4 * j], p[3 + 4 * j]
+      local st = states[key]
+      if gs[key] ~= g then
+        if subs[key] ~= nil then
+          st = fresh(g)
+        else
+          local raw = read[base + j]
+          local ok, packed = false, nil
+          if raw then ok, packed = pcall(cmsgpack.unpack, raw) end
+          if ok and type(packed) == 'table' and #packed == g + 1 then
+            st = packed
+          else
+            st = fresh(g)
+          end
+          states[key], gs[key] = st, g
+        end
+      end
+      -- The reply: the state as the hit found it, its newest sub-window then its G counts.
+      for n = 1, g + 1 do out[size + n] = st[n] end
+      size = size + g + 1
+      -- sliding.verdict's count: the sub-windows counted at now that the state still holds.
+      local current = (now - now % sub) / sub
+      local newest = st[1]
+      local lo, hi = current + 1 - g, current
+      if lo < 0 then lo = 0 end
+      if newest - g + 1 > lo then lo = newest - g + 1 end
+      if newest < hi then hi = newest end
+      local used = 0
+      for n = lo, hi do used = used + st[2 + n % g] end
+      tats[j], currents[j] = st, current
       if tree then reached[j], never[j] = used + cost > limit, cost > limit end
       if cost > limit then fits = false end
       if used + cost > limit then admits = false end
@@ -200,13 +252,32 @@ while base < count do
         if recorded < tat then recorded = tat end
         if written[key] == nil then order[#order + 1] = key end
         written[key] = recorded
-      else
+      elseif p[4 * j] == 4 then
         -- fixed.record: the count, at most twice the limit, in the current window.
         local limit = p[1 + 4 * j]
         local total = tats[j] + cost
         if total > limit * 2 then total = limit * 2 end
         if windows[key] == nil then fixed[#fixed + 1] = key end
         windows[key], counts[key], lengths[key] = currents[j], total, p[2 + 4 * j]
+      else
+        -- sliding.record: the sub-windows the window slid past cleared, then the cost, at
+        -- most twice the limit, in the newest.
+        local limit, sub, g = p[1 + 4 * j], p[2 + 4 * j], p[3 + 4 * j]
+        local st, current = tats[j], currents[j]
+        local newest = st[1]
+        if current > newest then
+          local stale = current - newest
+          if stale > g then stale = g end
+          for n = current + 1 - stale, current do st[2 + n % g] = 0 end
+          newest = current
+          st[1] = current
+        end
+        local slot = 2 + newest % g
+        local total = st[slot] + cost
+        if total > limit * 2 then total = limit * 2 end
+        st[slot] = total
+        if subs[key] == nil then slid[#slid + 1] = key end
+        states[key], gs[key], subs[key] = st, g, sub
       end
     end
   end
@@ -249,6 +320,29 @@ for j = 1, #fixed do
     local left = expires_at - now + 999
     redis.call('SET', key, format('%d:%d', windows[key], count), 'PX',
       format('%d', (left - left % 1000) / 1000))
+  end
+end
+-- sliding.save, once per key, as in sliding_batch.lua: the state with its expiry (the end of
+-- the window of its newest counted sub-window), or the key deleted when nothing in it is
+-- still counted.
+for j = 1, #slid do
+  local key = slid[j]
+  local st, g, sub = states[key], gs[key], subs[key]
+  local newest = st[1]
+  local expires_at = 0
+  for back = 0, g - 1 do
+    local n = newest - back
+    if n < 0 then break end
+    if st[2 + n % g] > 0 then
+      expires_at = (n + g) * sub
+      break
+    end
+  end
+  if expires_at <= now then
+    redis.call('DEL', key)
+  else
+    local left = expires_at - now + 999
+    redis.call('SET', key, cmsgpack.pack(st), 'PX', format('%d', (left - left % 1000) / 1000))
   end
 end
 -- penalty_save, once per struck record: kept until its box is over and its strikes are
