@@ -52,9 +52,16 @@ impl LeanRule {
     pub fn of(hit: &Hit<'_>) -> Result<Option<LeanRule>, RedisError> {
         let ev = &hit.evaluation;
         let leaves = ev.quotas.len();
+        // One leaf, or an `or` of every leaf (the script's own fold), needs no tree: the
+        // shape is only checked, and nothing is allocated for it.
+        let flat = match ev.shape {
+            Shape::Leaf(_) => true,
+            Shape::Or(children) => children.iter().all(|c| matches!(c, Shape::Leaf(_))),
+            Shape::And(_) => false,
+        };
         let mut seen = [false; MAX_RULE_LEAVES];
         let mut tree = Vec::new();
-        if !tree_code(ev.shape, leaves, &mut seen, &mut tree)
+        if !tree_code(ev.shape, leaves, &mut seen, (!flat).then_some(&mut tree))
             || seen[..leaves.min(MAX_RULE_LEAVES)].contains(&false)
             || !(1..=MAX_RULE_LEAVES).contains(&leaves)
             || hit.identifiers.len() != leaves
@@ -62,15 +69,6 @@ impl LeanRule {
             || ev.quotas.iter().any(|q| leaf_kind(q).is_none())
         {
             return Ok(None);
-        }
-        // One leaf, or an `or` of every leaf (the script's own fold), needs no tree.
-        let flat = match ev.shape {
-            Shape::Leaf(_) => true,
-            Shape::Or(children) => children.iter().all(|c| matches!(c, Shape::Leaf(_))),
-            Shape::And(_) => false,
-        };
-        if flat {
-            tree.clear();
         }
         Ok(Some(LeanRule {
             quotas: ev.quotas.iter().map(micro).collect::<Result<_, _>>()?,
@@ -228,15 +226,22 @@ fn leaf_reply_len(quota: &Quota) -> usize {
     }
 }
 
-/// Writes `shape` as the lean rule script reads a tree, in prefix order: leaf `i` as
-/// `i + 1`, an `or` of n children as `100 + n`, an `and` as `200 + n`; marks each leaf in
-/// `seen`. False when the script cannot take the shape: a leaf out of range or named twice,
+/// Writes `shape` into `out`, when given, as the lean rule script reads a tree, in prefix
+/// order: leaf `i` as `i + 1`, an `or` of n children as `100 + n`, an `and` as `200 + n`;
+/// marks each leaf in `seen`. False when the script cannot take the shape: a leaf out of range or named twice,
 /// or a group of 100 children or more.
-fn tree_code(shape: &Shape, leaves: usize, seen: &mut [bool], out: &mut Vec<u64>) -> bool {
+fn tree_code(
+    shape: &Shape,
+    leaves: usize,
+    seen: &mut [bool],
+    mut out: Option<&mut Vec<u64>>,
+) -> bool {
     match shape {
         Shape::Leaf(i) if *i < leaves.min(seen.len()) && !seen[*i] => {
             seen[*i] = true;
-            out.push(*i as u64 + 1);
+            if let Some(out) = out {
+                out.push(*i as u64 + 1);
+            }
             true
         }
         Shape::Leaf(_) => false,
@@ -246,10 +251,12 @@ fn tree_code(shape: &Shape, leaves: usize, seen: &mut [bool], out: &mut Vec<u64>
             } else {
                 200
             };
-            out.push(base + children.len() as u64);
+            if let Some(out) = out.as_deref_mut() {
+                out.push(base + children.len() as u64);
+            }
             children
                 .iter()
-                .all(|child| tree_code(child, leaves, seen, out))
+                .all(|child| tree_code(child, leaves, seen, out.as_deref_mut()))
         }
         Shape::Or(_) | Shape::And(_) => false,
     }
