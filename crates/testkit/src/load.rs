@@ -114,9 +114,60 @@ pub async fn until_all_answer(limiters: &[Arc<Limiter>], within: Duration) {
     }
 }
 
-/// Open file descriptors of this process.
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
+/// Sockets this process holds open that are connected to `port` on any address: the
+/// client side of every connection to a server (or proxy) listening there. Read from
+/// `/proc/net/tcp{,6}`, kept to the socket inodes among this process's file descriptors, so
+/// what other tests of the same process open at the same time never counts (a count of all
+/// file descriptors would).
+pub fn sockets_to(port: u16) -> usize {
+    let mine: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
-        .count()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut held = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        // Columns: sl, local address, remote address (hex address:port), state, queues,
+        // timer, retransmits, uid, timeout, inode.
+        for row in text.lines().skip(1) {
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            let (Some(remote), Some(inode)) = (columns.get(2), columns.get(9)) else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+            if remote_port == Some(port) && mine.contains(*inode) {
+                held += 1;
+            }
+        }
+    }
+    held
+}
+
+/// Waits up to `within` for [`sockets_to`] `port` to come down to `most` (a closed
+/// connection's socket is released by the task that owned it, a moment later), and returns
+/// the last count: more than `most` is a leak.
+pub async fn sockets_settle(port: u16, most: usize, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let held = sockets_to(port);
+        if held <= most || Instant::now() >= deadline {
+            return held;
+        }
+        // Polling: nothing signals another task's drop of a socket.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
