@@ -47,6 +47,10 @@ writes DIR/done. Scenarios:
              log growing to the tens of thousands of members a busy key holds
   log-many   the same at 100 a minute, each hit on a random one of 1,000,000 keys
   full-log-1, full-log-many  the same sliding log through the whole script
+  log-or-shared, full-log-or-shared  16 hits per call of a rule of two sliding-log leaves
+             joined by `;`, a user's (100 a minute, a random one of 1,000,000 users) and one
+             every hit shares (100,000 a minute), through the lean rule script and the
+             whole script
 """
 
 import os
@@ -121,13 +125,16 @@ elif scenario.startswith("full"):
 
         quotas = [1, 1, 1, 60_000_000, 60_000_000, 1, 1, 1_000_000, 2, 900_000_000,
                   3_600_000_000]
-    elif scenario in ("full-or-shared", "full-fixed-or-shared", "full-sliding-or-shared"):
+    elif scenario in ("full-or-shared", "full-fixed-or-shared", "full-sliding-or-shared",
+                      "full-log-or-shared"):
         # The user's leaf, then the one every hit shares.
         def names():
             return [2, key(True, "bench:or"), "bench:or:shared", 1, 0, "o2 l0 l1 "]
 
         if scenario == "full-or-shared":
             quotas = [2, *gcra, *gcra]
+        elif scenario == "full-log-or-shared":
+            quotas = [2, 3, 100, *LOG[1:], 3, 100_000, *LOG[1:]]
         elif scenario == "full-sliding-or-shared":
             quotas = [2, *sliding, *sliding]
         else:
@@ -161,11 +168,15 @@ elif scenario == "login-flood":
     params = [1, 1, 1, 1, 1, 60_000_000, 1, 60_000_000, 0, 1, 1_000_000, 2, 900_000_000,
               3_600_000_000]
 
+    token = [0]
+
     def call():
         keys = ["bench:login", "bench:login:penalty"] * 16
-        return client.evalsha(sha, 32, *keys, *params)
+        token[0] += 1
+        return client.evalsha(sha, 32, *keys, *params, token[0])
 
-elif scenario in ("or-shared", "fixed-or-shared", "and-shared", "sliding-or-shared"):
+elif scenario in ("or-shared", "fixed-or-shared", "and-shared", "sliding-or-shared",
+                  "log-or-shared"):
     sha = load("rule_batch.lua")
     # One parameter set (no per-hit set numbers): cost 1, recorded when admitted, two
     # leaves so large that every hit is admitted and written (GCRA, kind 1: 1 µs interval,
@@ -178,16 +189,23 @@ elif scenario in ("or-shared", "fixed-or-shared", "and-shared", "sliding-or-shar
         leaf = [2, 1_000_000_000, 6_000_000, 10]
     else:
         leaf = [1, 1, 1_000_000, 1_000_000]
+    leaves = [*leaf, *leaf]
+    if scenario == "log-or-shared":
+        # Kind 3: the user's log 100 a minute, the shared one 100,000.
+        leaves = [3, 100, 60_000_000, 0, 3, 100_000, 60_000_000, 0]
     # No tree (0: an `or` of every leaf), or for `and-shared` the tree and(leaf 1, leaf 2)
     # (3 numbers: 202, 1, 2); no penalty (0).
     tree = [3, 202, 1, 2] if scenario == "and-shared" else [0]
-    params = [1, 1, 0, 2, *leaf, *leaf, *tree, 0]
+    params = [1, 1, 0, 2, *leaves, *tree, 0]
+    token = [0]
 
     def call():
         keys = []
         for _ in range(16):
             keys += [key(True, "bench:or"), "bench:or:shared"]
-        return client.evalsha(sha, 32, *keys, *params)
+        # Last, the call's token (a counter, as the store's).
+        token[0] += 1
+        return client.evalsha(sha, 32, *keys, *params, token[0])
 
 elif scenario.startswith("fixed"):
     sha = load("fixed_batch.lua", ("redis_now.lua",))

@@ -15,10 +15,11 @@
 # SLUICE_BENCH_SCENARIOS="full-fixed-1 full-fixed-many full-gcra-many full-sliding-1
 # full-sliding-many full-log-1 full-log-many" counts the whole decision script instead (a Redis Function, one
 # decision per FCALL): what every rule but the lean shapes costs (see lua_drive.py).
-# "or-shared fixed-or-shared sliding-or-shared and-shared login-flood" count the lean rule
-# script (GCRA, fixed-window or sliding-window leaves joined by `;` or `and`, a login form's
-# penalty), "full-or-shared full-fixed-or-shared full-sliding-or-shared full-login-flood"
-# the same rules through the whole script.
+# "or-shared fixed-or-shared sliding-or-shared log-or-shared and-shared login-flood" count
+# the lean rule script (GCRA, fixed-window, sliding-window or sliding-log leaves joined by `;`
+# or `and`, a login form's penalty), "full-or-shared full-fixed-or-shared
+# full-sliding-or-shared full-log-or-shared full-login-flood" the same rules through the
+# whole script.
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server

@@ -16,7 +16,8 @@
 //! `sliding-log`) makes the store's leaf a fixed window (a sliding window, a sliding log);
 //! `gcra-or` gives the store a rule of two GCRA leaves joined by `;`, the user's and one every hit shares (a global
 //! limit of 1,000,000,000 a second), `fixed-or` (`sliding-or`) the same of two fixed-window
-//! (sliding-window) leaves; the scripts beside it stay single-leaf GCRA's.
+//! (sliding-window) leaves, `log-or` of two sliding-log leaves (the global one 1,000,000 a
+//! second, a log's largest limit); the scripts beside it stay single-leaf GCRA's.
 //!
 //! The store keeps 50 requests in flight over its one multiplexed connection (so its requests
 //! are pipelined); redis-benchmark uses 50 connections. Redis CPU per decision is the
@@ -163,8 +164,8 @@ fn main() {
     // decides with a leaf of that algorithm and the same rate (1,000,000 a 1 s window; a
     // sliding window in its default 10 sub-windows; a sliding log holds a member per hit of
     // the last second, so one key's grows to about as many as the bench decides a second)
-    // instead; `gcra-or` (`fixed-or`, `sliding-or`): with the GCRA (fixed-window,
-    // sliding-window) leaf joined by `;` to a global one every hit shares. redis-benchmark's scripts stay single-leaf GCRA's.
+    // instead; `gcra-or` (`fixed-or`, `sliding-or`, `log-or`): with the GCRA (fixed-window,
+    // sliding-window, sliding-log) leaf joined by `;` to a global one every hit shares. redis-benchmark's scripts stay single-leaf GCRA's.
     let algorithm = std::env::var("SLUICE_BENCH_ALGORITHM");
     let of = |algorithm| Quota::from_leaf(&Leaf::new(rate), algorithm).unwrap();
     let store_rule = Arc::new(match algorithm.as_deref() {
@@ -172,24 +173,31 @@ fn main() {
         Ok("fixed-window") => BenchRule::one_leaf(of(sluice_core::Algorithm::FixedWindow)),
         Ok("sliding-window") => BenchRule::one_leaf(of(sluice_core::Algorithm::SlidingWindow)),
         Ok("sliding-log") => BenchRule::one_leaf(of(sluice_core::Algorithm::SlidingLog)),
-        Ok(rule @ ("gcra-or" | "fixed-or" | "sliding-or")) => {
+        Ok(rule @ ("gcra-or" | "fixed-or" | "sliding-or" | "log-or")) => {
             let algorithm = match rule {
                 "gcra-or" => sluice_core::Algorithm::Gcra,
                 "fixed-or" => sluice_core::Algorithm::FixedWindow,
+                "log-or" => sluice_core::Algorithm::SlidingLog,
                 _ => sluice_core::Algorithm::SlidingWindow,
             };
-            let global = Rate::new(1_000_000_000, Span::new(1, Unit::Second).unwrap()).unwrap();
+            // A log holds at most 1,000,000 (`MAX_LOG_LIMIT`).
+            let most = if rule == "log-or" {
+                1_000_000
+            } else {
+                1_000_000_000
+            };
+            let global = Rate::new(most, Span::new(1, Unit::Second).unwrap()).unwrap();
             let global = Quota::from_leaf(&Leaf::new(global), algorithm).unwrap();
             BenchRule::or(vec![of(algorithm), global])
         }
         Ok(other) => panic!(
             "SLUICE_BENCH_ALGORITHM: gcra, fixed-window, sliding-window, sliding-log, gcra-or, \
-             fixed-or or sliding-or, not {other:?}"
+             fixed-or, sliding-or or log-or, not {other:?}"
         ),
     });
     let shared = matches!(
         algorithm.as_deref(),
-        Ok("gcra-or" | "fixed-or" | "sliding-or")
+        Ok("gcra-or" | "fixed-or" | "sliding-or" | "log-or")
     );
 
     // The calls the store makes, as redis-benchmark arguments.

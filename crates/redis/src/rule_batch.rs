@@ -1,4 +1,4 @@
-//! Batching of rules of GCRA, fixed-window or sliding-window leaves joined by `;`
+//! Batching of rules of GCRA, fixed-window, sliding-window or sliding-log leaves joined by `;`
 //! (`user:10/s; user:1000/h`, `apikey:100/m; 1000/s`: the usual way to state more than one
 //! limit) or in any tree of `or` and `and`, with or without a penalty, and of one such leaf
 //! with a penalty (`ip:5/m` on a login form, boxing repeat offenders), as single-leaf hits
@@ -7,12 +7,15 @@
 //! hit in it. Without it every such decision was one call of the whole script.
 //!
 //! The script answers Redis's `now`, each leaf's debt (GCRA), count in the current window
-//! (fixed window) or state (sliding window), and the penalty record each hit found; the
-//! core's rule evaluation at `now`, on TATs of `now` plus the debts, windows holding those
-//! counts, those states and that record, makes the decision, as the whole script's would be
-//! (a GCRA verdict depends on the TAT only through the debt, and a TAT not after `now`
-//! decides as a fresh one; a fixed window's only through its count in the current window).
+//! (fixed window), state (sliding window) or what a decision reads of its log (sliding log:
+//! see [`answered_log`]), and the penalty record each hit found; the core's rule evaluation
+//! at `now`, on TATs of `now` plus the debts, windows holding those counts, those states,
+//! logs that answer as the logs read and that record, makes the decision, as the whole
+//! script's would be (a GCRA verdict depends on the TAT only through the debt, and a TAT not
+//! after `now` decides as a fresh one; a fixed window's only through its count in the
+//! current window).
 
+use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::algorithm::sliding_window::Counters;
 use sluice_core::{
     Algorithm, Decision, Evaluation, Penalty, PenaltyState, Quota, Recording, Shape, State,
@@ -29,8 +32,8 @@ use crate::store::RedisStore;
 /// Most leaves of a rule the lean script takes; larger rules run the whole script.
 pub const MAX_RULE_LEAVES: usize = 8;
 
-/// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA, fixed-window or
-/// sliding-window (of at most [`MAX_RULE_SUB_WINDOWS`]) leaves under any tree of `or` and
+/// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA, fixed-window,
+/// sliding-window (of at most [`MAX_RULE_SUB_WINDOWS`]) or sliding-log leaves under any tree of `or` and
 /// `and` (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
 /// the script, and its decision from the script's reply.
 #[derive(Debug, Clone)]
@@ -90,7 +93,8 @@ impl LeanRule {
     }
 
     /// The integers of the hit's reply: a debt or a count per leaf (a sliding window's
-    /// newest sub-window and its counts), and the penalty record's three.
+    /// newest sub-window and its counts, a sliding log's four), and the penalty record's
+    /// three.
     pub fn reply_len(&self) -> usize {
         let leaves: usize = self.quotas.iter().map(leaf_reply_len).sum();
         leaves + if self.penalty.is_some() { 3 } else { 0 }
@@ -98,7 +102,8 @@ impl LeanRule {
 
     /// The hit's parameter set: cost, recording, the number of leaves, each leaf's kind and
     /// three numbers (GCRA: 1, interval, burst, window; fixed window: 4, limit, window
-    /// length, 0; sliding window: 2, limit, sub-window length, sub-windows), the shape (0 for one leaf or an `or` of every leaf, else its length and
+    /// length, 0; sliding window: 2, limit, sub-window length, sub-windows; sliding log: 3,
+    /// limit, window, 0), the shape (0 for one leaf or an `or` of every leaf, else its length and
     /// [`tree_code`]), then 0, or 1 and the penalty's base, factor, max and forget_after
     /// (microseconds).
     pub fn arguments(&self) -> Vec<u64> {
@@ -119,6 +124,9 @@ impl LeanRule {
                     q.sub_window_ticks(),
                     u64::from(q.windows()),
                 ]),
+                Some(SLIDING_LOG) => {
+                    arguments.extend([SLIDING_LOG, q.limit(), q.window_ticks(), 0])
+                }
                 _ => arguments.extend([FIXED_WINDOW, q.limit(), q.window_ticks(), 0]),
             }
         }
@@ -137,7 +145,8 @@ impl LeanRule {
     /// The decision from the call's `now` and the hit's reply ([`LeanRule::reply_len`]
     /// integers): the core's evaluation of the rule at `now`, on TATs of `now` plus each
     /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`, the
-    /// sliding windows' states as the hit found them, and the penalty record it found, recording as the hit does (a denial
+    /// sliding windows' states as the hit found them, logs that answer as the sliding logs
+    /// read ([`answered_log`]), and the penalty record it found, recording as the hit does (a denial
     /// counted anyway answers with the recorded states' wait, a boxed key the box's). A
     /// reply of another length or a negative number is an error.
     pub fn decision(&self, now: i64, reply: &[i64]) -> Result<Decision, RedisError> {
@@ -172,6 +181,12 @@ impl LeanRule {
                         .collect::<Result<Vec<u64>, RedisError>>()?;
                     State::SlidingWindow(Counters::from_parts(newest, &oldest_first))
                 }
+                (Algorithm::SlidingLog, &[used, top, kth, next]) => {
+                    let read = [number(used)?, number(top)?, number(kth)?, number(next)?];
+                    State::SlidingLog(
+                        answered_log(q, self.cost, self.recording, read).ok_or_else(wrong)?,
+                    )
+                }
                 (_, &[debt]) => State::Gcra {
                     tat: now.checked_add(number(debt)?).ok_or_else(wrong)?,
                 },
@@ -197,10 +212,11 @@ impl LeanRule {
     }
 }
 
-/// A leaf's kind in the script's arguments: algorithms.lua's code for GCRA and fixed window.
+/// A leaf's kind in the script's arguments: algorithms.lua's codes.
 const GCRA: u64 = 1;
 const FIXED_WINDOW: u64 = 4;
 const SLIDING_WINDOW: u64 = 2;
+const SLIDING_LOG: u64 = 3;
 
 /// Most sub-windows of a sliding-window leaf the lean rule script takes: its reply carries
 /// the leaf's state, one integer a sub-window. Finer windows (up to 3,600) run the whole
@@ -213,17 +229,74 @@ fn leaf_kind(quota: &Quota) -> Option<u64> {
         Algorithm::Gcra => Some(GCRA),
         Algorithm::FixedWindow => Some(FIXED_WINDOW),
         Algorithm::SlidingWindow if quota.windows() <= MAX_RULE_SUB_WINDOWS => Some(SLIDING_WINDOW),
+        Algorithm::SlidingLog => Some(SLIDING_LOG),
         _ => None,
     }
 }
 
-/// The integers a leaf answers in the lean rule script's reply: a debt or a count, or a
-/// sliding window's newest sub-window and its counts.
+/// The integers a leaf answers in the lean rule script's reply: a debt or a count, a
+/// sliding window's newest sub-window and its counts, or a sliding log's four.
 fn leaf_reply_len(quota: &Quota) -> usize {
     match quota.algorithm() {
         Algorithm::SlidingWindow => 1 + quota.windows() as usize,
+        Algorithm::SlidingLog => 4,
         _ => 1,
     }
+}
+
+/// A log that decides a hit of `cost` as the sliding log the script read, and, recorded
+/// (`quota.record`), decides again as that log recorded, from what the script answered of
+/// it: `[used, top, kth, next]`, the units in its window, the newest one's time (0 when
+/// none), the time of the k-th oldest, k = used + cost - limit (0 unless 1 <= k and the cost
+/// fits the limit), and with recording `always` the time of the (k + cost)-th oldest (0
+/// when it does not exist).
+///
+/// A decision on a log reads only its used units, its newest time and, denied, the time
+/// of the k-th oldest unit (the wait). Recorded, the log loses its max(k, 0) oldest units
+/// and gains `cost` units of `now`, and a denial is judged again: with k' = k + cost -
+/// max(k, 0) units to lose, the wait is then the time of the original (k + cost)-th
+/// oldest, or `now` when there are not that many. So a log of at most three entries, the
+/// max(k, 0) oldest units at the k-th's time, the units up to the (k + cost)-th at its
+/// time, the rest at the newest's, answers and records alike (all inside the window: the
+/// core's record drops none as expired, and cuts exactly the first entry). Where Redis's
+/// clock stepped back behind the log's newest unit, the units of `now` sort among the old
+/// ones in Redis, and a counted denial's wait can differ from the full script's by at most
+/// the step (the admission and the writes do not). `None` for an answer no log can give.
+fn answered_log(quota: &Quota, cost: u64, recording: Recording, read: [u64; 4]) -> Option<Log> {
+    let [used, top, kth, next] = read;
+    if used == 0 {
+        return (top == 0 && kth == 0 && next == 0).then(Log::default);
+    }
+    let fits = cost <= quota.limit();
+    // k as a signed count: a log with room for the cost has none to lose.
+    let k = i128::from(used) + i128::from(cost) - i128::from(quota.limit());
+    let then = k + i128::from(cost);
+    let kth_asked = fits && k >= 1;
+    let next_asked = fits && recording == Recording::Always && then >= 1 && then <= used.into();
+    if top == 0 || (kth != 0) != kth_asked || (next != 0) != next_asked {
+        return None;
+    }
+    let mut hits = Vec::with_capacity(3);
+    let mut placed = 0u64;
+    if kth_asked {
+        placed = u64::try_from(k).ok()?;
+        hits.push((kth, placed));
+    }
+    if next_asked {
+        let upto = u64::try_from(then).ok()?;
+        if upto > placed {
+            hits.push((next, upto - placed));
+            placed = upto;
+        }
+    }
+    if used > placed {
+        hits.push((top, used - placed));
+    }
+    // Oldest first, as a log is (Redis keeps its members ordered by time).
+    if hits.windows(2).any(|pair| pair[0].0 > pair[1].0) {
+        return None;
+    }
+    Some(Log::from_hits(hits))
 }
 
 /// Writes `shape` into `out`, when given, as the lean rule script reads a tree, in prefix
@@ -265,12 +338,15 @@ fn tree_code(
 /// KEYS and ARGV for the lean rule script deciding `hits` (each its keys, as
 /// [`LeanRule::keys`], and its [`LeanRule::arguments`]) in order: every hit's keys,
 /// then the distinct parameter sets and each hit's set number (left out when there is one
-/// set).
+/// set), then `token`, unique to the call (the sliding logs' members carry it).
 pub fn rule_batch_call<'k>(
     hits: impl IntoIterator<Item = (Vec<&'k str>, Vec<u64>)>,
+    token: u64,
 ) -> (Vec<&'k str>, Vec<u64>) {
     let (keys, sets): (Vec<Vec<&str>>, Vec<Vec<u64>>) = hits.into_iter().unzip();
-    (keys.concat(), batch_arguments(sets))
+    let mut arguments = batch_arguments(sets);
+    arguments.push(token);
+    (keys.concat(), arguments)
 }
 
 /// One queued rule hit: its keys (one per leaf, then its penalty record's), its parameter
@@ -303,10 +379,13 @@ impl Batched for RulePending {
 /// integers, or the call's error (a call that failed decided nothing that anyone is told
 /// was admitted).
 async fn send(store: &RedisStore, batch: Vec<RulePending>) {
-    let (keys, arguments) = rule_batch_call(batch.iter().map(|pending| {
-        let keys = pending.keys.iter().map(String::as_str).collect();
-        (keys, pending.arguments.clone())
-    }));
+    let (keys, arguments) = rule_batch_call(
+        batch.iter().map(|pending| {
+            let keys = pending.keys.iter().map(String::as_str).collect();
+            (keys, pending.arguments.clone())
+        }),
+        store.next_token(),
+    );
     let result = store.eval(&RULE_BATCH, &keys, &arguments).await;
     answer_each(
         batch,

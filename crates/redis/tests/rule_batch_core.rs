@@ -1,8 +1,9 @@
-//! The lean rule batch script (GCRA, fixed-window and sliding-window leaves joined by `;` or
-//! in any tree of `or` and `and`, or one leaf with a penalty) against the core, hit by hit:
-//! random batches of hits of six rules over a few users (one mixes a fixed window among GCRA
-//! leaves, one is a fixed window with a penalty, one an `and` within an `or`, one a sliding
-//! window and a GCRA leaf with a penalty),
+//! The lean rule batch script (GCRA, fixed-window, sliding-window and sliding-log leaves
+//! joined by `;` or in any tree of `or` and `and`, or one leaf with a penalty) against the
+//! core, hit by hit: random batches of hits of eight rules over a few users (one mixes a
+//! fixed window among GCRA leaves, one is a fixed window with a penalty, one an `and` within
+//! an `or`, one a sliding window and a GCRA leaf with a penalty, one a sliding log and a
+//! GCRA leaf with a penalty, one two sliding logs),
 //! two of them also naming one key all share (a limit every caller hits, so a key named
 //! many times in one batch), one with a penalty that boxes a user denied again and again,
 //! some costs above what is left or above a leaf's burst, some hits counted when denied or
@@ -16,6 +17,7 @@ mod lean;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::algorithm::sliding_window::Counters;
 use sluice_core::{
     Algorithm, Denial, Evaluation, Leaf, Penalty, PenaltyState, Quota, Rate, Recording, Shape,
@@ -47,6 +49,53 @@ fn sliding(count: u64, seconds: u64, windows: u32) -> Quota {
     let mut leaf = Leaf::new(rate);
     leaf.options.windows = Some(windows);
     Quota::from_leaf(&leaf, Algorithm::SlidingWindow).unwrap()
+}
+
+/// A sliding-log quota of `count` per `seconds`.
+fn log(count: u64, seconds: u64) -> Quota {
+    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
+    Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingLog).unwrap()
+}
+
+/// Whether the test's key `key` is a sliding log's: rule 6's first leaf, rule 7's two.
+fn is_log(key: &str) -> bool {
+    (key.starts_with("r6:") && key.ends_with(":0"))
+        || (key.starts_with("r7:") && !key.ends_with(":penalty"))
+}
+
+/// The units of a log inside its window at `now`, oldest first: one time per unit.
+fn units(q: &Quota, state: &State, now: u64) -> Vec<u64> {
+    let State::SlidingLog(log) = state else {
+        unreachable!("{state:?}")
+    };
+    log.hits()
+        .filter(|(at, _)| at + q.window_ticks() > now)
+        .flat_map(|(at, cost)| std::iter::repeat_n(at, cost as usize))
+        .collect()
+}
+
+/// What the script answers of a sliding log holding `state` for a hit of `cost`: its used
+/// units, the newest one's time, the k-th oldest's (k = used + cost - limit, the wait of a
+/// denial) and, recording `always`, the (k + cost)-th oldest's (0 for each one not asked or
+/// not there).
+fn log_answer(q: &Quota, state: &State, now: u64, cost: u64, recording: Recording) -> Vec<u64> {
+    let units = units(q, state, now);
+    let used = units.len() as i64;
+    let k = used + cost as i64 - q.limit() as i64;
+    let fits = cost <= q.limit();
+    let at = |n: i64| {
+        if fits && n >= 1 && n <= used {
+            units[n as usize - 1]
+        } else {
+            0
+        }
+    };
+    let next = if recording == Recording::Always {
+        at(k + cost as i64)
+    } else {
+        0
+    };
+    vec![used as u64, units.last().copied().unwrap_or(0), at(k), next]
 }
 
 /// Reads a sliding window's state as Redis holds it, msgpack [newest, c_0 .. c_{G-1}],
@@ -174,7 +223,7 @@ impl Kept {
         match state {
             State::Gcra { tat } => Kept::Tat(*tat),
             State::FixedWindow { window, count } => Kept::Window(*window, *count),
-            State::SlidingWindow(_) => Kept::Slid(state.clone()),
+            State::SlidingWindow(_) | State::SlidingLog(_) => Kept::Slid(state.clone()),
             other => unreachable!("{other:?}"),
         }
     }
@@ -200,6 +249,8 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         Rule::new(vec![fixed(2, 1)], Some(penalty)),
         Rule::or_of_and(vec![quota(2, 1, 2), fixed(4, 1), quota(6, 1, 6)]),
         Rule::new(vec![sliding(3, 1, 4), quota(6, 1, 6)], Some(penalty)),
+        Rule::new(vec![log(4, 1), quota(6, 1, 6)], Some(penalty)),
+        Rule::new(vec![log(3, 1), log(8, 4)], None),
     ];
     let users = ["alice", "bob", "carol"];
     // The keys of rule `r`'s hit for `user`: its leaves' (the last of the first two rules'
@@ -230,7 +281,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let (mut now, mut hits, mut denied, mut repeats, mut never) = (1_000_000, 0, 0, 0, 0);
     let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
     let (mut fixed_denials, mut and_spills, mut sliding_hits) = (0u64, 0u64, 0u64);
-    let mut sliding_denials = 0u64;
+    let (mut sliding_denials, mut log_denials, mut log_waits) = (0u64, 0u64, 0u64);
 
     for batch in 0..600 {
         // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
@@ -281,12 +332,15 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         }
         let hit_keys: Vec<Vec<String>> =
             sent.iter().map(|&(r, user, ..)| keys_of(r, user)).collect();
-        let (call_keys, args) = rule_batch_call(sent.iter().zip(&hit_keys).map(
-            |(&(r, _, cost, recording), keys)| {
-                let keys = keys.iter().map(String::as_str).collect();
-                (keys, rules[r].lean(cost, recording).arguments())
-            },
-        ));
+        let (call_keys, args) = rule_batch_call(
+            sent.iter()
+                .zip(&hit_keys)
+                .map(|(&(r, _, cost, recording), keys)| {
+                    let keys = keys.iter().map(String::as_str).collect();
+                    (keys, rules[r].lean(cost, recording).arguments())
+                }),
+            batch,
+        );
         let watched: Vec<&str> = all_keys.iter().map(String::as_str).collect();
         let (reply, stored) = lean::run_and_read(
             &mut con,
@@ -296,6 +350,13 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             |key| {
                 if key.starts_with("r5:") && key.ends_with(":0") {
                     redis::cmd("EVAL").arg(READ_SLIDING).arg(1).arg(key).clone()
+                } else if is_log(key) {
+                    redis::cmd("ZRANGE")
+                        .arg(key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .clone()
                 } else {
                     redis::cmd("GET").arg(key).clone()
                 }
@@ -335,15 +396,21 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             let answered: Vec<u64> = mine.iter().map(|x| *x as u64).collect();
             let (mut rest, mut seen, mut found) = (&answered[..], Vec::new(), Vec::new());
             for (state, q) in states.iter().zip(&micros) {
-                let len = if q.algorithm() == Algorithm::SlidingWindow {
-                    1 + q.windows() as usize
-                } else {
-                    1
+                let len = match q.algorithm() {
+                    Algorithm::SlidingWindow => 1 + q.windows() as usize,
+                    Algorithm::SlidingLog => 4,
+                    _ => 1,
                 };
                 let (part, tail) = rest.split_at(len);
                 rest = tail;
-                seen.push(observed(q, &from_reply(q, part, now), now));
-                found.push(observed(q, state, now));
+                if q.algorithm() == Algorithm::SlidingLog {
+                    log_waits += u64::from(part[3] != 0);
+                    seen.push(part.to_vec());
+                    found.push(log_answer(q, state, now, cost, recording));
+                } else {
+                    seen.push(observed(q, &from_reply(q, part, now), now));
+                    found.push(observed(q, state, now));
+                }
             }
             if let Some(p) = &record {
                 found.push(vec![u64::from(p.strikes), p.until, p.last_strike]);
@@ -382,6 +449,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     && r == 5
                     && decision.leaf == 0,
             );
+            log_denials += u64::from(
+                matches!(decision.denial, Some(Denial::Limited { .. }))
+                    && ((r == 6 && decision.leaf == 0) || r == 7),
+            );
             fixed_denials += u64::from(
                 matches!(decision.denial, Some(Denial::Limited { .. }))
                     && ((r == 1 && decision.leaf == 1) || r == 3),
@@ -407,6 +478,39 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
 
         for (key, (value, ttl)) in all_keys.iter().zip(stored) {
             let expected = core.get(key).cloned();
+            if is_log(key) {
+                // A log is read as its members and scores: the units in its window, oldest
+                // first, must be the core's; its expiry, its newest unit's end of window.
+                let members: Vec<(String, f64)> = redis::from_redis_value(value).unwrap();
+                let q = match key.split(':').nth(2) {
+                    Some("1") => micro(&log(8, 4)).unwrap(),
+                    _ if key.starts_with("r6:") => micro(&log(4, 1)).unwrap(),
+                    _ => micro(&log(3, 1)).unwrap(),
+                };
+                let stored: Vec<u64> = members
+                    .iter()
+                    .map(|(_, score)| *score as u64)
+                    .filter(|at| at + q.window_ticks() > now)
+                    .collect();
+                let kept = match &expected {
+                    Some(Kept::Slid(state)) => state.clone(),
+                    _ => State::SlidingLog(Log::default()),
+                };
+                assert_eq!(
+                    stored,
+                    units(&q, &kept, now),
+                    "batch {batch}: {key} holds the core's units"
+                );
+                let expires_at = q.expires_at(&kept);
+                if last_write.contains_key(key.as_str()) && expires_at > now {
+                    let px = (expires_at - now).div_ceil(1_000).max(1) as i64;
+                    assert!(
+                        ttl <= px && ttl > px - 1_000,
+                        "batch {batch}: {key} expires in {ttl} ms, its log in {px}"
+                    );
+                }
+                continue;
+            }
             // A sliding window's state is read as an array, every other as text.
             let (stored, array): (Option<String>, Option<Vec<u64>>) =
                 if matches!(expected, Some(Kept::Slid(_))) {
@@ -502,6 +606,14 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         "the sliding window denied only {sliding_denials} of {sliding_hits} hits"
     );
     assert!(
+        log_denials > 20,
+        "sliding logs denied only {log_denials} hits"
+    );
+    assert!(
+        log_waits > 10,
+        "only {log_waits} counted denials asked a log's later wait"
+    );
+    assert!(
         and_spills > 20,
         "only {and_spills} hits admitted with one leaf of the `and` reached"
     );
@@ -528,4 +640,56 @@ fn a_reply_of_the_wrong_shape_is_an_error() {
     assert!(login.decision(1_000, &[0, 0, 0, 0]).unwrap().allowed());
     let boxed = login.decision(1_000, &[0, 1, 5_000, 900]).unwrap();
     assert!(matches!(boxed.denial, Some(Denial::Penalized { .. })));
+
+    // A sliding log answers its used units, newest time, the k-th oldest's and the
+    // (k + cost)-th oldest's; an answer no log can give is an error. Two logs of 3 and 8
+    // units, a hit of 2 counted even if denied: with 2 units used of 3, k is 1.
+    let logs = Rule::new(vec![log(3, 1), log(8, 4)], None).lean(2, Recording::Always);
+    let (now, fresh) = (10_000_000, [0, 0, 0, 0]);
+    assert!(
+        logs.decision(now, &[fresh, fresh].concat())
+            .unwrap()
+            .allowed()
+    );
+    let full = [2, 9_900_000, 9_500_000, 0];
+    let denied = logs.decision(now, &[full, fresh].concat()).unwrap();
+    // Found, the log would clear at 9.5 s + 1 s; recorded, it loses its oldest unit and
+    // gains two of now, and the second oldest left is one of now: the wait is the window.
+    assert_eq!(
+        denied.denial,
+        Some(Denial::Limited {
+            retry_after: Duration::from_secs(1)
+        })
+    );
+    for wrong in [
+        [2, 0, 9_500_000, 0],         // units, but no newest
+        [2, 9_900_000, 0, 0],         // denied, but no k-th oldest
+        [1, 9_900_000, 9_500_000, 0], // room for the cost, yet a k-th oldest
+        [2, 9_500_000, 9_900_000, 0], // the k-th oldest after the newest
+        [0, 9_900_000, 0, 0],         // a newest unit in an empty log
+        [2, 9_900_000, -1, 0],
+    ] {
+        assert!(
+            logs.decision(now, &[wrong, fresh].concat()).is_err(),
+            "{wrong:?}"
+        );
+    }
+    // With 3 units used, k is 2 and the (k + cost)-th oldest would be past the newest: none.
+    assert!(
+        logs.decision(now, &[[3, 9_900_000, 9_600_000, 9_700_000], fresh].concat())
+            .is_err()
+    );
+    assert!(
+        logs.decision(now, &[[3, 9_900_000, 9_600_000, 0], fresh].concat())
+            .is_ok()
+    );
+    // 3 units used of 8 by a hit of 2: k = 3 + 2 - 8 = -3, and k + cost = -1: nothing asked.
+    assert!(
+        logs.decision(now, &[fresh, [3, 9_900_000, 0, 0]].concat())
+            .is_ok()
+    );
+    assert!(
+        logs.decision(now, &[fresh, [3, 9_900_000, 0, 9_800_000]].concat())
+            .is_err()
+    );
 }

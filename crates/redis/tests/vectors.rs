@@ -297,7 +297,7 @@ fn check(
                 .map(String::as_str)
                 .chain(penalty.is_some().then_some(penalty_key.as_str()))
                 .collect();
-            text(rule_batch_call([(ids, lean.arguments())]).1)
+            text(rule_batch_call([(ids, lean.arguments())], index as u64).1)
         }
     };
     args.push(case.now.to_string());

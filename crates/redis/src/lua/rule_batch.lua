@@ -1,6 +1,6 @@
--- sluice: the lean script for a rule of GCRA, fixed-window and sliding-window leaves joined
--- by `;` (`or`: the hit is denied when any leaf would be exceeded), or of one such leaf (a
--- GCRA leaf alone without a penalty has gcra_batch.lua, and so on), or of any tree
+-- sluice: the lean script for a rule of GCRA, fixed-window, sliding-window and sliding-log
+-- leaves joined by `;` (`or`: the hit is denied when any leaf would be exceeded), or of one
+-- such leaf (a GCRA leaf alone without a penalty has gcra_batch.lua, and so on), or of any tree
 -- of `or` and `and` over such leaves (`and(apikey:100/h, 10/s)`), with or without a
 -- penalty, for a batch of such hits decided one after the other in one call (each its own
 -- decision, in order: a key named by several hits, such as a limit every caller shares or
@@ -19,17 +19,32 @@
 -- cost, recording (0 admitted, 1 always, 2 never), the number of leaves L, L quadruples
 -- (1, interval, burst, window in ticks for a GCRA leaf; 4, limit, window length in ticks, 0
 -- for a fixed window; 2, limit, sub-window length in ticks, sub-windows G for a sliding
--- window: algorithms.lua's codes), then the shape: 0 for one leaf or an `or` of every
+-- window; 3, limit, window in ticks, 0 for a sliding log: algorithms.lua's codes), then the
+-- shape: 0 for one leaf or an `or` of every
 -- leaf, else its length K and K numbers, the tree in prefix order (leaf j is j, an
 -- `or` of n children 100 + n, an `and` of n children 200 + n); then 0 (no penalty) or 1 and
 -- the penalty's base, factor, max and forget_after (ticks); then one per hit, in order: the
--- number of its set (from 1), left out when S is 1.
+-- number of its set (from 1), left out when S is 1. Last, a token unique to the call, for
+-- the sliding logs' members (as in log_batch.lua: "<time>:<token>:<n>").
 -- Reply: `now`, then per hit: for each leaf, a GCRA leaf's debt before the hit
 -- (max(tat, now) - now), a fixed window's count before the hit in the current window, or a
 -- sliding window's state as the hit found it (its newest sub-window, then its G counts by
--- sub-window number modulo G: G + 1 integers), and with a penalty the record the hit found
--- (strikes, until, last strike). The store turns them into the decision with the core's
--- rule evaluation at `now`.
+-- sub-window number modulo G: G + 1 integers), a sliding log's four integers (below), and
+-- with a penalty the record the hit found (strikes, until, last strike). The store turns
+-- them into the decision with the core's rule evaluation at `now`.
+--
+-- A sliding log is kept in Redis as log_batch.lua keeps it (a sorted set, one member per
+-- unit of cost, written as the batch goes), too large to answer whole. It answers what a
+-- decision on it can read: the units in its window as the hit found them (`used`), the
+-- newest one's time (0 when `used` is 0), the time of the k-th oldest, k = used + cost -
+-- limit (the wait of a denial: 0 when k < 1 or the cost exceeds the limit), and, when the
+-- hit is recorded even if denied (recording `always`), the time of the (k + cost)-th oldest
+-- (0 when there is none: what the recorded log's wait reads, as the k oldest are cut and
+-- cost units of `now` are added). The store rebuilds a log that answers the same and
+-- records the same (rule_batch.rs). That last time is read before the hit writes, so where
+-- Redis's clock stepped back behind a log's newest member (the new units then sort among
+-- the old), a counted denial's wait can differ from the full script's, by at most how far
+-- the clock stepped back; what is admitted and what is written never differ.
 --
 -- Recording: the `or` is reached when any leaf is, so the hit is admitted when every leaf
 -- admits it. Its wait is never when some leaf's cost exceeds its capacity (its burst, or a
@@ -44,6 +59,7 @@
 -- sliding-window key read and once per such key written.
 
 local format = string.format
+local token = ARGV[#ARGV]
 local sets = tonumber(ARGV[1])
 -- Keyed by the set's number as its hits name it (a string). A set: cost, recording, L,
 -- the L quadruples (leaf j's at 4j .. 4j + 3), then 1 and the penalty's four numbers, or 0;
@@ -116,6 +132,26 @@ local zeros = {}
 local function fresh(g)
   for j = #zeros + 1, g + 1 do zeros[j] = 0 end
   return { unpack(zeros, 1, g + 1) }
+end
+-- Sliding logs, as in log_batch.lua: what the call knows of each key, for the window it was
+-- read for (`lwins`): its units in the window (`lused`), its newest time or nil (`ltop`),
+-- whether its expired members are gone (`lcleared`), the times of its k-th oldest units
+-- asked since it last changed (`lkth`, by k); each recorded key once in `logs`, with the
+-- window of its last recording in `lsaves`. `serial` counts the call's members.
+local lwins, lused, ltop, lcleared, lkth, lsaves, logs = {}, {}, {}, {}, {}, {}, {}
+local serial = 0
+local stamp = format('%d', now)
+-- The time of the k-th oldest unit of `key`'s log in `window` (asked once per k until the
+-- log changes: a flood of denials costs one read).
+local function kth_time(key, k, window)
+  local known = lkth[key]
+  local at = known[k]
+  if at == nil then
+    at = tonumber(redis.call('ZRANGEBYSCORE', key, '(' .. format('%d', now - window), '+inf',
+      'WITHSCORES', 'LIMIT', k - 1, 1)[2])
+    known[k] = at
+  end
+  return at
 end
 local records, struck, strikes = {}, {}, {}
 -- Where this hit's keys start in KEYS (less one).
@@ -191,6 +227,36 @@ while base < nkeys do
       if tree then reached[j], never[j] = used + cost > limit, cost > limit end
       if cost > limit then fits = false end
       if used + cost > limit then admits = false end
+    elseif p[4 * j] == 3 then
+      -- log.verdict's reads, as in log_batch.lua: the newest time, then the units after
+      -- now - window, which there are none of when the newest is not.
+      local limit, window = p[1 + 4 * j], p[2 + 4 * j]
+      if lwins[key] ~= window then
+        local used, top = 0, redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
+        if top then
+          top = tonumber(top)
+          if top > now - window then
+            used = redis.call('ZCOUNT', key, '(' .. format('%d', now - window), '+inf')
+          end
+        end
+        lwins[key], lused[key], ltop[key], lcleared[key], lkth[key] = window, used, top, false, {}
+      end
+      local used = lused[key]
+      local k = used + cost - limit
+      local kth, next = 0, 0
+      if cost <= limit then
+        if k >= 1 then kth = kth_time(key, k, window) end
+        if recording == 1 and k + cost >= 1 and k + cost <= used then
+          next = kth_time(key, k + cost, window)
+        end
+      end
+      local top = 0
+      if used > 0 then top = ltop[key] end
+      out[size + 1], out[size + 2], out[size + 3], out[size + 4] = used, top, kth, next
+      size = size + 4
+      if tree then reached[j], never[j] = k > 0, cost > limit end
+      if cost > limit then fits = false end
+      if k > 0 then admits = false end
     else
       -- sliding.load, as in sliding_batch.lua: the state recorded earlier in the batch, else
       -- the one read (kept for the next hit of the same G); a state of another G is fresh.
@@ -252,6 +318,42 @@ while base < nkeys do
         if recorded < tat then recorded = tat end
         if written[key] == nil then order[#order + 1] = key end
         written[key] = recorded
+      elseif p[4 * j] == 3 then
+        -- log.record, as in log_batch.lua: the expired members go (once per key, and none
+        -- from an empty log), then one member per unit, at most `limit`, and the oldest go
+        -- when there are more than `limit`.
+        local limit, window = p[1 + 4 * j], p[2 + 4 * j]
+        local used, top = lused[key], ltop[key]
+        if top and not lcleared[key] then
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - window))
+        end
+        lcleared[key] = true
+        if used == 0 then top = nil end
+        local units = cost
+        if units > limit then units = limit end
+        if units > 0 then
+          local added, args = 0, {}
+          for _ = 1, units do
+            serial = serial + 1
+            args[#args + 1] = stamp
+            args[#args + 1] = stamp .. ':' .. token .. ':' .. serial
+            if #args >= 2000 then
+              added = added + redis.call('ZADD', key, unpack(args))
+              args = {}
+            end
+          end
+          if #args > 0 then added = added + redis.call('ZADD', key, unpack(args)) end
+          used = used + added
+          if used > limit then
+            redis.call('ZREMRANGEBYRANK', key, 0, used - limit - 1)
+            used = limit
+          end
+          -- The newest is now, unless Redis's clock stepped back below a member's time.
+          if top == nil or top < now then top = now end
+        end
+        lused[key], ltop[key], lkth[key] = used, top, {}
+        if lsaves[key] == nil then logs[#logs + 1] = key end
+        lsaves[key] = window
       elseif p[4 * j] == 4 then
         -- fixed.record: the count, at most twice the limit, in the current window.
         local limit = p[1 + 4 * j]
@@ -295,9 +397,9 @@ while base < nkeys do
   base = base + leaves
   if penalty then base = base + 1 end
 end
--- The saves below are copies of gcra_batch.lua's, fixed_batch.lua's and sliding_batch.lua's,
--- not functions the four scripts share: a shared prelude of save functions (placed before
--- each script as decimal.lua is) cost Redis 0.8-2.7% more instructions a hit in
+-- The saves below are copies of gcra_batch.lua's, fixed_batch.lua's, sliding_batch.lua's and
+-- log_batch.lua's, not functions the scripts share: a shared prelude of save functions
+-- (placed before each script as decimal.lua is) cost Redis 0.8-2.7% more instructions a hit in
 -- benches/lua_instructions.sh, the most on one GCRA leaf (26,188 to 26,826 on 1,000,000
 -- keys), for the closures each call makes and a call per key written.
 -- gcra.save, once per key, as in gcra_batch.lua: the final TAT with its expiry in the same
@@ -348,6 +450,21 @@ for j = 1, #slid do
   else
     local left = expires_at - now + 999
     redis.call('SET', key, cmsgpack.pack(st), 'PX', format('%d', (left - left % 1000) / 1000))
+  end
+end
+-- log.save, once per key, as in log_batch.lua: the expiry is the newest member's time plus
+-- the window of the key's last recording; an empty log is gone already.
+for j = 1, #logs do
+  local key = logs[j]
+  local top = ltop[key]
+  if top then
+    local expires_at = top + lsaves[key]
+    if expires_at <= now then
+      redis.call('DEL', key)
+    else
+      local left = expires_at - now + 999
+      redis.call('PEXPIRE', key, format('%d', (left - left % 1000) / 1000))
+    end
   end
 end
 -- penalty_save, once per struck record: kept until its box is over and its strikes are
