@@ -59,7 +59,6 @@
 -- sliding-window key read and once per such key written.
 
 local format = string.format
-local token = ARGV[#ARGV]
 local sets = tonumber(ARGV[1])
 -- Keyed by the set's number as its hits name it (a string). A set: cost, recording, L,
 -- the L quadruples (leaf j's at 4j .. 4j + 3), then 1 and the penalty's four numbers, or 0;
@@ -133,23 +132,23 @@ local function fresh(g)
   for j = #zeros + 1, g + 1 do zeros[j] = 0 end
   return { unpack(zeros, 1, g + 1) }
 end
--- Sliding logs, as in log_batch.lua: what the call knows of each key, for the window it was
--- read for (`lwins`): its units in the window (`lused`), its newest time or nil (`ltop`),
--- whether its expired members are gone (`lcleared`), the times of its k-th oldest units
--- asked since it last changed (`lkth`, by k); each recorded key once in `logs`, with the
--- window of its last recording in `lsaves`. `serial` counts the call's members.
-local lwins, lused, ltop, lcleared, lkth, lsaves, logs = {}, {}, {}, {}, {}, {}, {}
-local serial = 0
-local stamp = format('%d', now)
--- The time of the k-th oldest unit of `key`'s log in `window` (asked once per k until the
--- log changes: a flood of denials costs one read).
-local function kth_time(key, k, window)
-  local known = lkth[key]
-  local at = known[k]
+-- Sliding logs, as in log_batch.lua: what the call knows of each key (`known`), for the
+-- window it was read for: { window, its units in the window, its newest time or nil,
+-- whether its expired members are gone, the times of its k-th oldest units asked since it
+-- last changed (by k), the window of its last recording or nil }; each recorded key once
+-- in `logs`. `serial` counts the call's members; `stamp` (now as text) and `token` are
+-- made at the first record. (One table for all of it: a call of other leaves pays for
+-- none of it but that.)
+local known, logs = {}, nil
+local serial, stamp, token = 0, nil, nil
+-- The time of the k-th oldest unit in the window of `key`'s log, known as `log` (asked
+-- once per k until the log changes: a flood of denials costs one read).
+local function kth_time(key, log, k)
+  local at = log[5][k]
   if at == nil then
-    at = tonumber(redis.call('ZRANGEBYSCORE', key, '(' .. format('%d', now - window), '+inf',
+    at = tonumber(redis.call('ZRANGEBYSCORE', key, '(' .. format('%d', now - log[1]), '+inf',
       'WITHSCORES', 'LIMIT', k - 1, 1)[2])
-    known[k] = at
+    log[5][k] = at
   end
   return at
 end
@@ -231,7 +230,8 @@ while base < nkeys do
       -- log.verdict's reads, as in log_batch.lua: the newest time, then the units after
       -- now - window, which there are none of when the newest is not.
       local limit, window = p[1 + 4 * j], p[2 + 4 * j]
-      if lwins[key] ~= window then
+      local log = known[key]
+      if log == nil or log[1] ~= window then
         local used, top = 0, redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
         if top then
           top = tonumber(top)
@@ -239,19 +239,22 @@ while base < nkeys do
             used = redis.call('ZCOUNT', key, '(' .. format('%d', now - window), '+inf')
           end
         end
-        lwins[key], lused[key], ltop[key], lcleared[key], lkth[key] = window, used, top, false, {}
+        local saved = nil
+        if log then saved = log[6] end
+        log = { window, used, top, false, {}, saved }
+        known[key] = log
       end
-      local used = lused[key]
+      local used = log[2]
       local k = used + cost - limit
       local kth, next = 0, 0
       if cost <= limit then
-        if k >= 1 then kth = kth_time(key, k, window) end
+        if k >= 1 then kth = kth_time(key, log, k) end
         if recording == 1 and k + cost >= 1 and k + cost <= used then
-          next = kth_time(key, k + cost, window)
+          next = kth_time(key, log, k + cost)
         end
       end
       local top = 0
-      if used > 0 then top = ltop[key] end
+      if used > 0 then top = log[3] end
       out[size + 1], out[size + 2], out[size + 3], out[size + 4] = used, top, kth, next
       size = size + 4
       if tree then reached[j], never[j] = k > 0, cost > limit end
@@ -323,15 +326,17 @@ while base < nkeys do
         -- from an empty log), then one member per unit, at most `limit`, and the oldest go
         -- when there are more than `limit`.
         local limit, window = p[1 + 4 * j], p[2 + 4 * j]
-        local used, top = lused[key], ltop[key]
-        if top and not lcleared[key] then
+        local log = known[key]
+        local used, top = log[2], log[3]
+        if top and not log[4] then
           redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - window))
         end
-        lcleared[key] = true
+        log[4] = true
         if used == 0 then top = nil end
         local units = cost
         if units > limit then units = limit end
         if units > 0 then
+          if stamp == nil then stamp, token = format('%d', now), ARGV[#ARGV] end
           local added, args = 0, {}
           for _ = 1, units do
             serial = serial + 1
@@ -351,9 +356,10 @@ while base < nkeys do
           -- The newest is now, unless Redis's clock stepped back below a member's time.
           if top == nil or top < now then top = now end
         end
-        lused[key], ltop[key], lkth[key] = used, top, {}
-        if lsaves[key] == nil then logs[#logs + 1] = key end
-        lsaves[key] = window
+        log[2], log[3], log[5] = used, top, {}
+        if logs == nil then logs = {} end
+        if log[6] == nil then logs[#logs + 1] = key end
+        log[6] = window
       elseif p[4 * j] == 4 then
         -- fixed.record: the count, at most twice the limit, in the current window.
         local limit = p[1 + 4 * j]
@@ -454,11 +460,12 @@ for j = 1, #slid do
 end
 -- log.save, once per key, as in log_batch.lua: the expiry is the newest member's time plus
 -- the window of the key's last recording; an empty log is gone already.
-for j = 1, #logs do
+for j = 1, logs and #logs or 0 do
   local key = logs[j]
-  local top = ltop[key]
+  local log = known[key]
+  local top = log[3]
   if top then
-    local expires_at = top + lsaves[key]
+    local expires_at = top + log[6]
     if expires_at <= now then
       redis.call('DEL', key)
     else
