@@ -242,10 +242,12 @@ pub static LOG_BATCH: LazyLock<Lua> = LazyLock::new(|| {
 /// The lean sliding-log script's body alone, for test entry points that define `now`.
 pub const LOG_BATCH_LUA: &str = include_str!("lua/log_batch.lua");
 
-/// The lean script for GCRA leaves joined by `;` (`user:10/s; user:1000/h`), or one GCRA
-/// leaf with a penalty, with or without a penalty, deciding a batch of such hits in order:
-/// the writes of [`DECIDE`] for that shape, and for reply Redis's `now`, then each leaf's
-/// debt and the penalty record each hit found (see `src/rule_batch.rs`).
+/// The lean script for rules of up to 8 GCRA, fixed-window, sliding-window and sliding-log
+/// leaves joined by `;` (`user:10/s; user:1000/h`) or in any tree of `or` and `and`, or one
+/// such leaf with a penalty, with or without a penalty, deciding a batch of such hits in
+/// order: the writes of [`DECIDE`] for that shape, and for reply Redis's `now`, then what
+/// each leaf's decision reads and the penalty record each hit found (see
+/// `src/rule_batch.rs`).
 pub static RULE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/redis_now.lua"),

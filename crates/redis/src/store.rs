@@ -454,9 +454,9 @@ impl RedisStore {
     }
 
     /// Decides `hit` in one script call: a lean script for the lean shapes (one GCRA,
-    /// fixed-window, sliding-window or sliding-log leaf without a penalty; GCRA leaves joined by `;`, or
-    /// one GCRA leaf, with a penalty or not), batched with the other hits of its shape
-    /// waiting; the whole one otherwise. Every key must be in one slot on a cluster.
+    /// fixed-window, sliding-window or sliding-log leaf without a penalty; up to 8 such
+    /// leaves joined by `;` or in a tree, or one with a penalty: see `rule_batch.rs`),
+    /// batched with the other hits of its shape waiting; the whole one otherwise. Every key must be in one slot on a cluster.
     async fn decide_in_one_call(&self, hit: &Hit<'_>) -> Result<Decision, RedisError> {
         if let Some(lean) = LeanGcra::of(hit)? {
             return self.decide_lean(hit, lean).await;
