@@ -7,10 +7,11 @@
 //! hit in it. Without it every such decision was one call of the whole script.
 //!
 //! The script answers Redis's `now`, each leaf's debt (GCRA), count in the current window
-//! (fixed window), state (sliding window) or what a decision reads of its log (sliding log:
-//! see [`answered_log`]), and the penalty record each hit found; the core's rule evaluation
-//! at `now`, on TATs of `now` plus the debts, windows holding those counts, those states,
-//! logs that answer as the logs read and that record, makes the decision, as the whole
+//! (fixed window) or what a decision reads of its sub-windows or its log (sliding window,
+//! sliding log: see [`answered_window`] and [`answered_log`]), and the penalty record each
+//! hit found; the core's rule evaluation at `now`, on TATs of `now` plus the debts, windows
+//! holding those counts, windows and logs that answer as the ones read and that record,
+//! makes the decision, as the whole
 //! script's would be (a GCRA verdict depends on the TAT only through the debt, and a TAT not
 //! after `now` decides as a fresh one; a fixed window's only through its count in the
 //! current window).
@@ -33,7 +34,7 @@ use crate::store::RedisStore;
 pub const MAX_RULE_LEAVES: usize = 8;
 
 /// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA, fixed-window,
-/// sliding-window (of at most [`MAX_RULE_SUB_WINDOWS`]) or sliding-log leaves under any tree of `or` and
+/// sliding-window or sliding-log leaves under any tree of `or` and
 /// `and` (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
 /// the script, and its decision from the script's reply.
 #[derive(Debug, Clone)]
@@ -92,9 +93,8 @@ impl LeanRule {
             .collect()
     }
 
-    /// The integers of the hit's reply: a debt or a count per leaf (a sliding window's
-    /// newest sub-window and its counts, a sliding log's four), and the penalty record's
-    /// three.
+    /// The integers of the hit's reply: a debt or a count per leaf (a sliding window's six,
+    /// a sliding log's four), and the penalty record's three.
     pub fn reply_len(&self) -> usize {
         let leaves: usize = self.quotas.iter().map(leaf_reply_len).sum();
         leaves + if self.penalty.is_some() { 3 } else { 0 }
@@ -144,9 +144,9 @@ impl LeanRule {
 
     /// The decision from the call's `now` and the hit's reply ([`LeanRule::reply_len`]
     /// integers): the core's evaluation of the rule at `now`, on TATs of `now` plus each
-    /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`, the
-    /// sliding windows' states as the hit found them, logs that answer as the sliding logs
-    /// read ([`answered_log`]), and the penalty record it found, recording as the hit does (a denial
+    /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`,
+    /// windows and logs that answer as the sliding windows and logs read
+    /// ([`answered_window`], [`answered_log`]), and the penalty record it found, recording as the hit does (a denial
     /// counted anyway answers with the recorded states' wait, a boxed key the box's). A
     /// reply of another length or a negative number is an error.
     pub fn decision(&self, now: i64, reply: &[i64]) -> Result<Decision, RedisError> {
@@ -172,14 +172,15 @@ impl LeanRule {
                     window: now / q.window_ticks(),
                     count: number(count)?,
                 },
-                (Algorithm::SlidingWindow, [newest, ring @ ..]) => {
-                    // The ring by sub-window number modulo G, as `from_parts` takes it:
-                    // oldest first, from sub-window newest - G + 1.
-                    let (newest, g) = (number(*newest)?, ring.len() as u64);
-                    let oldest_first = (0..g)
-                        .map(|offset| number(ring[((newest + 1 + offset) % g) as usize]))
-                        .collect::<Result<Vec<u64>, RedisError>>()?;
-                    State::SlidingWindow(Counters::from_parts(newest, &oldest_first))
+                (Algorithm::SlidingWindow, own) => {
+                    let mut read = [0; 6];
+                    for (slot, x) in read.iter_mut().zip(own) {
+                        *slot = number(*x)?;
+                    }
+                    State::SlidingWindow(
+                        answered_window(q, now, self.cost, self.recording, read)
+                            .ok_or_else(wrong)?,
+                    )
                 }
                 (Algorithm::SlidingLog, &[used, top, kth, next]) => {
                     let read = [number(used)?, number(top)?, number(kth)?, number(next)?];
@@ -218,30 +219,122 @@ const FIXED_WINDOW: u64 = 4;
 const SLIDING_WINDOW: u64 = 2;
 const SLIDING_LOG: u64 = 3;
 
-/// Most sub-windows of a sliding-window leaf the lean rule script takes: its reply carries
-/// the leaf's state, one integer a sub-window. Finer windows (up to 3,600) run the whole
-/// script.
-pub const MAX_RULE_SUB_WINDOWS: u32 = 60;
-
 /// The kind of a leaf the lean rule script takes, `None` for the algorithms it does not.
 fn leaf_kind(quota: &Quota) -> Option<u64> {
     match quota.algorithm() {
         Algorithm::Gcra => Some(GCRA),
         Algorithm::FixedWindow => Some(FIXED_WINDOW),
-        Algorithm::SlidingWindow if quota.windows() <= MAX_RULE_SUB_WINDOWS => Some(SLIDING_WINDOW),
+        Algorithm::SlidingWindow => Some(SLIDING_WINDOW),
         Algorithm::SlidingLog => Some(SLIDING_LOG),
         _ => None,
     }
 }
 
 /// The integers a leaf answers in the lean rule script's reply: a debt or a count, a
-/// sliding window's newest sub-window and its counts, or a sliding log's four.
+/// sliding window's six or a sliding log's four.
 fn leaf_reply_len(quota: &Quota) -> usize {
     match quota.algorithm() {
-        Algorithm::SlidingWindow => 1 + quota.windows() as usize,
+        Algorithm::SlidingWindow => 6,
         Algorithm::SlidingLog => 4,
         _ => 1,
     }
+}
+
+/// Sub-windows that decide and record a hit of `cost` at `now` as the sliding window the
+/// script read, from what the script answered of it: `[used, cur, prev, first, second,
+/// ahead]`, the units counted at `now`, those of the current sub-window, and as
+/// sub-windows back from the current one (0: none, or in the current one) the newest
+/// earlier one holding units, the one where the k-th oldest unit lies (k = used + cost -
+/// limit, asked when the cost fits the limit) and, with recording `always`, the k2-th's (k2
+/// the same once recorded); then how many sub-windows after the current one the state's
+/// newest is (Redis's clock stepped back), or 0.
+///
+/// A decision on a sliding window reads only the units counted at `now`, the newest
+/// sub-window holding some (its reset) and, denied, the sub-window where the k-th oldest
+/// lies (its wait: the window clears when that one slides out). Recorded, the cost goes to
+/// the current sub-window (at most twice the limit), or to the state's newest when that is
+/// after now (where nothing counts it), and a denial is judged again with k2. So a window
+/// holding the k-th and k2-th units' counts up to them where they lie, the rest of the
+/// earlier units in the newest earlier sub-window holding any, and the current sub-window's
+/// count, its newest sub-window the state's, answers and records alike. `None` for an answer no window can give.
+fn answered_window(
+    quota: &Quota,
+    now: u64,
+    cost: u64,
+    recording: Recording,
+    read: [u64; 6],
+) -> Option<Counters> {
+    let [used, cur, prev, first, second, ahead] = read;
+    let (g, limit) = (u64::from(quota.windows()), quota.limit());
+    let current = now / quota.sub_window_ticks();
+    let newest = current.checked_add(ahead)?;
+    // The counted sub-windows the state can hold: from max(current, newest) - G + 1 on.
+    let oldest = (newest + 1).saturating_sub(g);
+    let most_back = current.saturating_sub(oldest);
+    let before = used.checked_sub(cur)?;
+    let recorded = if ahead > 0 {
+        used
+    } else {
+        before.checked_add(cur.saturating_add(cost).min(limit.saturating_mul(2)))?
+    };
+    let fits = cost <= limit;
+    let (k, k2) = (
+        i128::from(used) + i128::from(cost) - i128::from(limit),
+        i128::from(recorded) + i128::from(cost) - i128::from(limit),
+    );
+    let asked = |k: i128| fits && k >= 1 && k <= i128::from(before);
+    let want2 = recording == Recording::Always && asked(k2);
+    if (first != 0) != asked(k) || (second != 0) != want2 || (prev != 0) != (before > 0) {
+        return None;
+    }
+    if oldest > current && used > 0 {
+        return None;
+    }
+    // The oldest-first counts of sub-windows newest - G + 1 ..= newest.
+    let mut counts = vec![0u64; g as usize];
+    let mut add = |back: u64, count: u64| -> Option<()> {
+        let number = current.checked_sub(back)?;
+        if back > most_back || number < oldest {
+            return None;
+        }
+        // Oldest first from sub-window newest - G + 1 (which may be before the epoch).
+        let slot = &mut counts[(number + g - 1 - newest) as usize];
+        *slot = slot.checked_add(count)?;
+        Some(())
+    };
+    // The k-th and k2-th units where they lie, the smaller first.
+    let mut wanted: Vec<(u64, u64)> = Vec::with_capacity(2);
+    if first != 0 {
+        wanted.push((u64::try_from(k).ok()?, first));
+    }
+    if second != 0 {
+        wanted.push((u64::try_from(k2).ok()?, second));
+    }
+    wanted.sort_unstable();
+    let (mut placed, mut last_back) = (0u64, None);
+    for (target, back) in wanted {
+        if back == 0 || last_back.is_some_and(|last| back > last) {
+            return None;
+        }
+        if target > placed {
+            add(back, target - placed)?;
+            placed = target;
+        }
+        last_back = Some(back);
+    }
+    let rest = before.checked_sub(placed)?;
+    if rest > 0 {
+        if last_back.is_some_and(|last| prev > last) {
+            return None;
+        }
+        add(prev, rest)?;
+    } else if before > 0 && last_back != Some(prev) {
+        return None;
+    }
+    if cur > 0 {
+        add(0, cur)?;
+    }
+    Some(Counters::from_parts(newest, &counts))
 }
 
 /// A log that decides a hit of `cost` as the sliding log the script read, and, recorded

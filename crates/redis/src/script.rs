@@ -12,7 +12,7 @@ use crate::RedisError;
 pub use crate::lean::{
     LeanFixed, LeanGcra, LeanLog, LeanSliding, batch_arguments, batch_call, gcra_one_arguments,
 };
-pub use crate::rule_batch::{LeanRule, MAX_RULE_LEAVES, MAX_RULE_SUB_WINDOWS, rule_batch_call};
+pub use crate::rule_batch::{LeanRule, MAX_RULE_LEAVES, rule_batch_call};
 pub use crate::slot::slot_of;
 
 /// Nanoseconds per tick in Redis: microseconds, the resolution of `TIME`, and small enough

@@ -135,8 +135,8 @@ fn observed(q: &Quota, state: &State, now: u64) -> Vec<u64> {
     }
 }
 
-/// A leaf's state from its part of the script's reply: a debt, a count in the current
-/// window, or a sliding window's state.
+/// A leaf's state from its part of the script's reply: a debt or a count in the current
+/// window.
 fn from_reply(q: &Quota, part: &[u64], now: u64) -> State {
     match (q.algorithm(), part) {
         (Algorithm::Gcra, &[debt]) => State::Gcra { tat: now + debt },
@@ -144,9 +144,60 @@ fn from_reply(q: &Quota, part: &[u64], now: u64) -> State {
             window: now / q.window_ticks(),
             count,
         },
-        (Algorithm::SlidingWindow, [newest, ring @ ..]) => counters(*newest, ring),
         other => panic!("no leaf answers {other:?}"),
     }
+}
+
+/// What the script answers of a sliding window holding `state` for a hit of `cost`: the
+/// units counted at `now`, the current sub-window's, and as sub-windows back from the
+/// current one the newest earlier one holding units, where the k-th oldest unit lies (k =
+/// used + cost - limit) and, recording `always`, the k2-th (k2 the same once recorded),
+/// each 0 when not asked or in the current one; then how far after now the state's newest
+/// sub-window is.
+fn window_answer(q: &Quota, state: &State, now: u64, cost: u64, recording: Recording) -> Vec<u64> {
+    let State::SlidingWindow(c) = state else {
+        unreachable!("{state:?}")
+    };
+    let (g, limit) = (u64::from(q.windows()), q.limit());
+    let current = now / q.sub_window_ticks();
+    let counted: Vec<(u64, u64)> = ((current + 1).saturating_sub(g)..=current)
+        .map(|n| (n, c.count(n)))
+        .collect();
+    let used: u64 = counted.iter().map(|(_, count)| count).sum();
+    let cur = c.count(current);
+    let before = used - cur;
+    let prev = counted
+        .iter()
+        .rev()
+        .find(|&&(n, count)| n < current && count > 0)
+        .map_or(0, |(n, _)| current - n);
+    let ahead = c.newest().saturating_sub(current);
+    let recorded = if ahead > 0 {
+        used
+    } else {
+        before + (cur + cost).min(2 * limit)
+    };
+    let at = |k: i64| -> u64 {
+        if cost > limit || k < 1 || k > before as i64 {
+            return 0;
+        }
+        let mut sum = 0;
+        for &(n, count) in &counted {
+            sum += count;
+            if sum as i64 >= k {
+                return current - n;
+            }
+        }
+        unreachable!("k is within the units before the current sub-window")
+    };
+    let k = used as i64 + cost as i64 - limit as i64;
+    let k2 = recorded as i64 + cost as i64 - limit as i64;
+    let second = if recording == Recording::Always {
+        at(k2)
+    } else {
+        0
+    };
+    vec![used, cur, prev, at(k), second, ahead]
 }
 
 /// A rule: its leaves' quotas (joined by `;` when more than one), its penalty.
@@ -282,6 +333,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
     let (mut fixed_denials, mut and_spills, mut sliding_hits) = (0u64, 0u64, 0u64);
     let (mut sliding_denials, mut log_denials, mut log_waits) = (0u64, 0u64, 0u64);
+    let mut window_waits = 0u64;
 
     for batch in 0..600 {
         // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
@@ -397,7 +449,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             let (mut rest, mut seen, mut found) = (&answered[..], Vec::new(), Vec::new());
             for (state, q) in states.iter().zip(&micros) {
                 let len = match q.algorithm() {
-                    Algorithm::SlidingWindow => 1 + q.windows() as usize,
+                    Algorithm::SlidingWindow => 6,
                     Algorithm::SlidingLog => 4,
                     _ => 1,
                 };
@@ -407,6 +459,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     log_waits += u64::from(part[3] != 0);
                     seen.push(part.to_vec());
                     found.push(log_answer(q, state, now, cost, recording));
+                } else if q.algorithm() == Algorithm::SlidingWindow {
+                    window_waits += u64::from(part[4] != 0);
+                    seen.push(part.to_vec());
+                    found.push(window_answer(q, state, now, cost, recording));
                 } else {
                     seen.push(observed(q, &from_reply(q, part, now), now));
                     found.push(observed(q, state, now));
@@ -610,6 +666,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         "sliding logs denied only {log_denials} hits"
     );
     assert!(
+        window_waits > 4,
+        "only {window_waits} counted denials asked a sliding window's later wait"
+    );
+    assert!(
         log_waits > 10,
         "only {log_waits} counted denials asked a log's later wait"
     );
@@ -691,5 +751,109 @@ fn a_reply_of_the_wrong_shape_is_an_error() {
     assert!(
         logs.decision(now, &[fresh, [3, 9_900_000, 0, 9_800_000]].concat())
             .is_err()
+    );
+
+    // A sliding window (3 in 4 sub-windows of 0.25 s) answers its units counted, the
+    // current sub-window's, and as sub-windows back the newest earlier one holding units,
+    // the k-th oldest's and the k2-th's, then how far ahead its newest is. At 10 s (the
+    // current sub-window is the 40th), a hit of 1 counted when admitted.
+    let window = Rule::new(vec![sliding(3, 1, 4)], None).lean(1, Recording::Admitted);
+    assert!(window.decision(now, &[0, 0, 0, 0, 0, 0]).unwrap().allowed());
+    // 3 units, 2 of them 2 sub-windows back: denied until that one slides out.
+    let denied = window.decision(now, &[3, 1, 2, 2, 0, 0]).unwrap();
+    assert_eq!(
+        denied.denial,
+        Some(Denial::Limited {
+            retry_after: Duration::from_millis(500)
+        })
+    );
+    for wrong in [
+        [3, 1, 0, 2, 0, 0], // earlier units, but no earlier sub-window holding them
+        [3, 1, 2, 0, 0, 0], // denied, but no sub-window to wait for
+        [2, 1, 2, 2, 0, 0], // room for the hit, yet a sub-window to wait for
+        [3, 1, 2, 2, 2, 0], // a recorded wait asked of a hit counted only when admitted
+        [3, 1, 4, 4, 0, 0], // a sub-window the window no longer counts
+        [3, 1, 3, 2, 0, 0], // the units to wait for after the newest earlier ones
+        [1, 2, 0, 0, 0, 0], // more in the current sub-window than in all
+        [3, 1, 2, -2, 0, 0],
+    ] {
+        assert!(window.decision(now, &wrong).is_err(), "{wrong:?}");
+    }
+}
+
+/// The sub-windows the store rebuilds from a sliding window's answer decide and record as
+/// the window the answer was read from: random windows (sub-windows stale, current, and
+/// newer than now, as after Redis's clock stepped back; times near the epoch), costs and
+/// recordings, the window joined by `;` to a GCRA leaf, each answered as the script answers
+/// ([`window_answer`]) and decided by the store against the core on the window itself.
+#[test]
+fn windows_rebuilt_from_answers_decide_as_the_windows_read() {
+    let mut rng = Rng(0x51d3);
+    let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
+    let (mut ahead, mut waits, mut denied, mut limited_waits) = (0, 0, 0, 0);
+    for case in 0..20_000 {
+        let g = 1 + rng.next_u64() % 12;
+        let limit = 1 + rng.next_u64() % 12;
+        // Sub-windows of 1 s.
+        let rule = Rule::new(vec![sliding(limit, g, g as u32), quota(5, 1, 5)], None);
+        let micros: Vec<Quota> = rule.quotas.iter().map(|q| micro(q).unwrap()).collect();
+        let sub = micros[0].sub_window_ticks();
+        let current = rng.next_u64() % 40;
+        let now = current * sub + rng.next_u64() % sub;
+        let newest = (current + rng.next_u64() % 8).saturating_sub(5);
+        // Counts up to twice the limit (denials counted anyway stop there), some above it (a
+        // window counted under a larger limit), and the current sub-window often full.
+        let mut counts: Vec<u64> = (0..g)
+            .map(|_| match rng.next_u64() % 4 {
+                0 => 0,
+                1 => rng.next_u64() % (3 * limit + 1),
+                _ => rng.next_u64() % (2 * limit + 1),
+            })
+            .collect();
+        if newest == current && rng.next_u64() % 3 == 0 {
+            counts[g as usize - 1] = 2 * limit - rng.next_u64() % 2;
+        }
+        let window = State::SlidingWindow(Counters::from_parts(newest, &counts));
+        let tat = now + rng.next_u64() % 2_000_000;
+        let cost = [0, 1, 1, 2, limit, limit + 1][(rng.next_u64() % 6) as usize];
+        let recording = recordings[(rng.next_u64() % 3) as usize];
+        let mut reply = window_answer(&micros[0], &window, now, cost, recording);
+        ahead += u64::from(reply[5] > 0);
+        waits += u64::from(reply[4] > 0);
+        reply.push(tat - now);
+        let reply: Vec<i64> = reply.iter().map(|&x| x as i64).collect();
+        let decision = rule
+            .lean(cost, recording)
+            .decision(now as i64, &reply)
+            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let mut states = vec![window.clone(), State::Gcra { tat }];
+        let evaluation = Evaluation {
+            shape: &rule.shape,
+            quotas: &micros,
+            cost,
+            recording,
+            penalty: None,
+        };
+        let outcome = evaluate(&evaluation, &mut states, None, now);
+        assert_eq!(
+            decision, outcome.decision,
+            "case {case}: {window:?} at {now}, cost {cost}, {recording:?}, answered {reply:?}"
+        );
+        denied += u64::from(!decision.allowed());
+        limited_waits += u64::from(
+            matches!(decision.denial, Some(Denial::Limited { .. }))
+                && decision.leaf == 0
+                && reply[3] > 0,
+        );
+    }
+    assert!(ahead > 1_000, "only {ahead} windows newer than now");
+    assert!(
+        waits > 500,
+        "only {waits} answers of a recorded window's wait"
+    );
+    assert!(denied > 3_000, "only {denied} denials");
+    assert!(
+        limited_waits > 1_000,
+        "only {limited_waits} waits read from an earlier sub-window"
     );
 }

@@ -27,11 +27,22 @@
 -- number of its set (from 1), left out when S is 1. Last, a token unique to the call, for
 -- the sliding logs' members (as in log_batch.lua: "<time>:<token>:<n>").
 -- Reply: `now`, then per hit: for each leaf, a GCRA leaf's debt before the hit
--- (max(tat, now) - now), a fixed window's count before the hit in the current window, or a
--- sliding window's state as the hit found it (its newest sub-window, then its G counts by
--- sub-window number modulo G: G + 1 integers), a sliding log's four integers (below), and
--- with a penalty the record the hit found (strikes, until, last strike). The store turns
--- them into the decision with the core's rule evaluation at `now`.
+-- (max(tat, now) - now), a fixed window's count before the hit in the current window, a
+-- sliding window's six integers or a sliding log's four (below), and with a penalty the
+-- record the hit found (strikes, until, last strike). The store turns them into the
+-- decision with the core's rule evaluation at `now`.
+--
+-- A sliding window answers what a decision on it reads, with k = used + cost - limit and
+-- k2 the same once the hit is recorded: the units counted at now (`used`), those of the
+-- current sub-window, and, as sub-windows back from the current one (0: none, or in the
+-- current one), the newest earlier sub-window holding units, the one where the k-th oldest
+-- unit lies (a denial's wait: asked when the cost fits the limit) and, with recording
+-- `always`, the k2-th's (the recorded window's wait); then how many sub-windows after the
+-- current one the state's newest is (Redis's clock stepped back: the hit is recorded there,
+-- uncounted), else 0. (The state itself is G + 1 integers: a reply of a fine window's state,
+-- up to 3,601 a leaf, cost the store's client more than the decision.) The store rebuilds a
+-- window of at most four non-zero sub-windows that decides and records the same
+-- (rule_batch.rs).
 --
 -- A sliding log is kept in Redis as log_batch.lua keeps it (a sorted set, one member per
 -- unit of cost, written as the batch goes), too large to answer whole. It answers what a
@@ -280,9 +291,6 @@ while base < nkeys do
           states[key], gs[key] = st, g
         end
       end
-      -- The reply: the state as the hit found it, its newest sub-window then its G counts.
-      for n = 1, g + 1 do out[size + n] = st[n] end
-      size = size + g + 1
       -- sliding.verdict's count: the sub-windows counted at now that the state still holds.
       local current = (now - now % sub) / sub
       local newest = st[1]
@@ -292,6 +300,45 @@ while base < nkeys do
       if newest < hi then hi = newest end
       local used = 0
       for n = lo, hi do used = used + st[2 + n % g] end
+      -- The reply, what a decision reads of the window (see the head of this file): the
+      -- current sub-window's count, the newest earlier one holding units, and where the k-th
+      -- and the k2-th oldest units lie, as sub-windows back from the current one.
+      local cur = 0
+      if hi == current and lo <= current then cur = st[2 + current % g] end
+      local before = used - cur
+      local prev = 0
+      if before > 0 then
+        local n = hi
+        if n == current then n = current - 1 end
+        while st[2 + n % g] == 0 do n = n - 1 end
+        prev = current - n
+      end
+      -- What the window counts once recorded: the cost goes to the current sub-window, at
+      -- most twice the limit, or to a newer one than now (the clock stepped back), uncounted.
+      local recorded, ahead = used, 0
+      if newest > current then
+        ahead = newest - current
+      else
+        local total = cur + cost
+        if total > limit * 2 then total = limit * 2 end
+        recorded = before + total
+      end
+      local k, k2 = used + cost - limit, recorded + cost - limit
+      local first, second = 0, 0
+      local want1 = cost <= limit and k >= 1 and k <= before
+      local want2 = recording == 1 and cost <= limit and k2 >= 1 and k2 <= before
+      if want1 or want2 then
+        local sum = 0
+        for n = lo, hi do
+          sum = sum + st[2 + n % g]
+          if want1 and first == 0 and sum >= k then first = current - n end
+          if want2 and second == 0 and sum >= k2 then second = current - n end
+          if (first > 0 or not want1) and (second > 0 or not want2) then break end
+        end
+      end
+      out[size + 1], out[size + 2], out[size + 3], out[size + 4] = used, cur, prev, first
+      out[size + 5], out[size + 6] = second, ahead
+      size = size + 6
       tats[j], currents[j] = st, current
       if tree then reached[j], never[j] = used + cost > limit, cost > limit end
       if cost > limit then fits = false end
