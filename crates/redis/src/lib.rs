@@ -46,14 +46,14 @@
 //!   as the sliding window's does; a batch reads each key's count and newest time once,
 //!   drops its expired members once, sets its expiry once, and asks a flood of denials'
 //!   wait once. Its members are named by a token unique to the call, so no two ever match.
-//! - A rule of up to 8 GCRA, fixed-window, sliding-window (of up to 60 sub-windows) or
-//!   sliding-log leaves joined by `;` (an `or`: `user:10/s; user:1000/h`, the usual way to
-//!   state several limits) or in any tree of `or` and `and`, or one such leaf with a penalty
-//!   (a login form's), likewise (`src/lua/rule_batch.lua`, `src/rule_batch.rs`): Redis's
-//!   `now`, one debt (GCRA), count in the current window (fixed window), state (sliding
-//!   window) or what a decision reads of the log (sliding log: its used units, newest time
-//!   and two oldest times) per leaf and the penalty record each hit found, which the core's
-//!   rule evaluation turns into the decision.
+//! - A rule of up to 8 GCRA, fixed-window, sliding-window or sliding-log leaves joined by
+//!   `;` (an `or`: `user:10/s; user:1000/h`, the usual way to state several limits) or in
+//!   any tree of `or` and `and`, or one such leaf with a penalty (a login form's), likewise
+//!   (`src/lua/rule_batch.lua`, `src/rule_batch.rs`): Redis's `now`, one debt (GCRA), count
+//!   in the current window (fixed window) or what a decision reads of the sub-windows or the
+//!   log (sliding window, sliding log: the units counted and where the ones a decision can
+//!   wait for lie) per leaf and the penalty record each hit found, which the core's rule
+//!   evaluation turns into the decision.
 //! - Every other rule runs the full script (algorithms.lua with `run`), as a Redis 7
 //!   Function (`FUNCTION LOAD` once, then `FCALL`), which defines the library of algorithms
 //!   once instead of on every call; the library is loaded again when a server has lost it

@@ -1,9 +1,10 @@
 //! The lean rule batch script (GCRA, fixed-window, sliding-window and sliding-log leaves
 //! joined by `;` or in any tree of `or` and `and`, or one leaf with a penalty) against the
-//! core, hit by hit: random batches of hits of eight rules over a few users (one mixes a
+//! core, hit by hit: random batches of hits of nine rules over a few users (one mixes a
 //! fixed window among GCRA leaves, one is a fixed window with a penalty, one an `and` within
 //! an `or`, one a sliding window and a GCRA leaf with a penalty, one a sliding log and a
-//! GCRA leaf with a penalty, one two sliding logs),
+//! GCRA leaf with a penalty, one two sliding logs, one a sliding window of 120 sub-windows
+//! and a fixed window),
 //! two of them also naming one key all share (a limit every caller hits, so a key named
 //! many times in one batch), one with a penalty that boxes a user denied again and again,
 //! some costs above what is left or above a leaf's burst, some hits counted when denied or
@@ -302,6 +303,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
         Rule::new(vec![sliding(3, 1, 4), quota(6, 1, 6)], Some(penalty)),
         Rule::new(vec![log(4, 1), quota(6, 1, 6)], Some(penalty)),
         Rule::new(vec![log(3, 1), log(8, 4)], None),
+        Rule::new(vec![sliding(5, 3, 120), fixed(8, 2)], None),
     ];
     let users = ["alice", "bob", "carol"];
     // The keys of rule `r`'s hit for `user`: its leaves' (the last of the first two rules'
@@ -333,7 +335,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     let (mut shared_denials, mut boxed, mut struck, mut edges) = (0u64, 0u64, 0u64, 0u64);
     let (mut fixed_denials, mut and_spills, mut sliding_hits) = (0u64, 0u64, 0u64);
     let (mut sliding_denials, mut log_denials, mut log_waits) = (0u64, 0u64, 0u64);
-    let mut window_waits = 0u64;
+    let (mut window_waits, mut fine_denials) = (0u64, 0u64);
 
     for batch in 0..600 {
         // Time moves by up to 0.2 s between batches: buckets refill partly, rarely whole.
@@ -400,7 +402,7 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
             (&call_keys, &args, now),
             &watched,
             |key| {
-                if key.starts_with("r5:") && key.ends_with(":0") {
+                if (key.starts_with("r5:") || key.starts_with("r8:")) && key.ends_with(":0") {
                     redis::cmd("EVAL").arg(READ_SLIDING).arg(1).arg(key).clone()
                 } else if is_log(key) {
                     redis::cmd("ZRANGE")
@@ -505,6 +507,11 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     && r == 5
                     && decision.leaf == 0,
             );
+            fine_denials += u64::from(
+                matches!(decision.denial, Some(Denial::Limited { .. }))
+                    && r == 8
+                    && decision.leaf == 0,
+            );
             log_denials += u64::from(
                 matches!(decision.denial, Some(Denial::Limited { .. }))
                     && ((r == 6 && decision.leaf == 0) || r == 7),
@@ -601,8 +608,8 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     tat
                 }
                 Some(Kept::Window(window, count)) => {
-                    // The second rule's fixed window is 2 s, the fourth's 1 s.
-                    let length = if key.starts_with("r1:") {
+                    // The second and ninth rules' fixed windows are 2 s, the others' 1 s.
+                    let length = if key.starts_with("r1:") || key.starts_with("r8:") {
                         2_000_000
                     } else {
                         1_000_000
@@ -621,7 +628,11 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
                     if count > 0 { (window + 1) * length } else { 0 }
                 }
                 Some(Kept::Slid(state)) => {
-                    let q = micro(&sliding(3, 1, 4)).unwrap();
+                    let q = if key.starts_with("r8:") {
+                        micro(&sliding(5, 3, 120)).unwrap()
+                    } else {
+                        micro(&sliding(3, 1, 4)).unwrap()
+                    };
                     let held = array
                         .map_or_else(|| q.fresh_state(), |items| counters(items[0], &items[1..]));
                     assert_eq!(
@@ -664,6 +675,10 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     assert!(
         log_denials > 20,
         "sliding logs denied only {log_denials} hits"
+    );
+    assert!(
+        fine_denials > 20,
+        "the window of 120 sub-windows denied only {fine_denials} hits"
     );
     assert!(
         window_waits > 4,
@@ -792,7 +807,11 @@ fn windows_rebuilt_from_answers_decide_as_the_windows_read() {
     let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
     let (mut ahead, mut waits, mut denied, mut limited_waits) = (0, 0, 0, 0);
     for case in 0..20_000 {
-        let g = 1 + rng.next_u64() % 12;
+        // One window in ten of 120 sub-windows, the rest of 1 to 12.
+        let g = match rng.next_u64() % 10 {
+            0 => 120,
+            _ => 1 + rng.next_u64() % 12,
+        };
         let limit = 1 + rng.next_u64() % 12;
         // Sub-windows of 1 s.
         let rule = Rule::new(vec![sliding(limit, g, g as u32), quota(5, 1, 5)], None);
