@@ -14,6 +14,10 @@
 
 #[path = "lean/run.rs"]
 mod lean;
+#[path = "lean/rule_answers.rs"]
+mod rule_answers;
+#[path = "lean/rules.rs"]
+mod rules;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,82 +25,18 @@ use std::time::Duration;
 use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::algorithm::sliding_window::Counters;
 use sluice_core::{
-    Algorithm, Denial, Evaluation, Leaf, Penalty, PenaltyState, Quota, Rate, Recording, Shape,
-    Span, State, Unit, evaluate,
+    Algorithm, Denial, Evaluation, Penalty, PenaltyState, Quota, Recording, State, evaluate,
 };
-use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{LeanRule, RULE_BATCH_LUA, TICK_NS, micro, rule_batch_call};
+use sluice_redis::script::{RULE_BATCH_LUA, TICK_NS, micro, rule_batch_call};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
-/// A GCRA quota of `count` per `seconds` with a burst of `burst`, as the limiter hands it
-/// to the store.
-fn quota(count: u64, seconds: u64, burst: u64) -> Quota {
-    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
-    let mut leaf = Leaf::new(rate);
-    leaf.options.burst = Some(burst);
-    Quota::from_leaf(&leaf, Algorithm::Gcra).unwrap()
-}
-
-/// A fixed-window quota of `count` per `seconds`.
-fn fixed(count: u64, seconds: u64) -> Quota {
-    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
-    Quota::from_leaf(&Leaf::new(rate), Algorithm::FixedWindow).unwrap()
-}
-
-/// A sliding-window quota of `count` per `seconds` in `windows` sub-windows.
-fn sliding(count: u64, seconds: u64, windows: u32) -> Quota {
-    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
-    let mut leaf = Leaf::new(rate);
-    leaf.options.windows = Some(windows);
-    Quota::from_leaf(&leaf, Algorithm::SlidingWindow).unwrap()
-}
-
-/// A sliding-log quota of `count` per `seconds`.
-fn log(count: u64, seconds: u64) -> Quota {
-    let rate = Rate::new(count, Span::new(seconds, Unit::Second).unwrap()).unwrap();
-    Quota::from_leaf(&Leaf::new(rate), Algorithm::SlidingLog).unwrap()
-}
+use rules::{Rule, fixed, log, log_answer, quota, sliding, units, window_answer};
 
 /// Whether the test's key `key` is a sliding log's: rule 6's first leaf, rule 7's two.
 fn is_log(key: &str) -> bool {
     (key.starts_with("r6:") && key.ends_with(":0"))
         || (key.starts_with("r7:") && !key.ends_with(":penalty"))
-}
-
-/// The units of a log inside its window at `now`, oldest first: one time per unit.
-fn units(q: &Quota, state: &State, now: u64) -> Vec<u64> {
-    let State::SlidingLog(log) = state else {
-        unreachable!("{state:?}")
-    };
-    log.hits()
-        .filter(|(at, _)| at + q.window_ticks() > now)
-        .flat_map(|(at, cost)| std::iter::repeat_n(at, cost as usize))
-        .collect()
-}
-
-/// What the script answers of a sliding log holding `state` for a hit of `cost`: its used
-/// units, the newest one's time, the k-th oldest's (k = used + cost - limit, the wait of a
-/// denial) and, recording `always`, the (k + cost)-th oldest's (0 for each one not asked or
-/// not there).
-fn log_answer(q: &Quota, state: &State, now: u64, cost: u64, recording: Recording) -> Vec<u64> {
-    let units = units(q, state, now);
-    let used = units.len() as i64;
-    let k = used + cost as i64 - q.limit() as i64;
-    let fits = cost <= q.limit();
-    let at = |n: i64| {
-        if fits && n >= 1 && n <= used {
-            units[n as usize - 1]
-        } else {
-            0
-        }
-    };
-    let next = if recording == Recording::Always {
-        at(k + cost as i64)
-    } else {
-        0
-    };
-    vec![used as u64, units.last().copied().unwrap_or(0), at(k), next]
 }
 
 /// Reads a sliding window's state as Redis holds it, msgpack [newest, c_0 .. c_{G-1}],
@@ -146,117 +86,6 @@ fn from_reply(q: &Quota, part: &[u64], now: u64) -> State {
             count,
         },
         other => panic!("no leaf answers {other:?}"),
-    }
-}
-
-/// What the script answers of a sliding window holding `state` for a hit of `cost`: the
-/// units counted at `now`, the current sub-window's, and as sub-windows back from the
-/// current one the newest earlier one holding units, where the k-th oldest unit lies (k =
-/// used + cost - limit) and, recording `always`, the k2-th (k2 the same once recorded),
-/// each 0 when not asked or in the current one; then how far after now the state's newest
-/// sub-window is.
-fn window_answer(q: &Quota, state: &State, now: u64, cost: u64, recording: Recording) -> Vec<u64> {
-    let State::SlidingWindow(c) = state else {
-        unreachable!("{state:?}")
-    };
-    let (g, limit) = (u64::from(q.windows()), q.limit());
-    let current = now / q.sub_window_ticks();
-    let counted: Vec<(u64, u64)> = ((current + 1).saturating_sub(g)..=current)
-        .map(|n| (n, c.count(n)))
-        .collect();
-    let used: u64 = counted.iter().map(|(_, count)| count).sum();
-    let cur = c.count(current);
-    let before = used - cur;
-    let prev = counted
-        .iter()
-        .rev()
-        .find(|&&(n, count)| n < current && count > 0)
-        .map_or(0, |(n, _)| current - n);
-    let ahead = c.newest().saturating_sub(current);
-    let recorded = if ahead > 0 {
-        used
-    } else {
-        before + (cur + cost).min(2 * limit)
-    };
-    let at = |k: i64| -> u64 {
-        if cost > limit || k < 1 || k > before as i64 {
-            return 0;
-        }
-        let mut sum = 0;
-        for &(n, count) in &counted {
-            sum += count;
-            if sum as i64 >= k {
-                return current - n;
-            }
-        }
-        unreachable!("k is within the units before the current sub-window")
-    };
-    let k = used as i64 + cost as i64 - limit as i64;
-    let k2 = recorded as i64 + cost as i64 - limit as i64;
-    let second = if recording == Recording::Always {
-        at(k2)
-    } else {
-        0
-    };
-    vec![used, cur, prev, at(k), second, ahead]
-}
-
-/// A rule: its leaves' quotas (joined by `;` when more than one), its penalty.
-struct Rule {
-    quotas: Vec<Quota>,
-    shape: Shape,
-    penalty: Option<Penalty>,
-}
-
-impl Rule {
-    fn new(quotas: Vec<Quota>, penalty: Option<Penalty>) -> Rule {
-        let shape = match quotas.len() {
-            1 => Shape::Leaf(0),
-            n => Shape::Or((0..n).rev().map(Shape::Leaf).collect()),
-        };
-        Rule {
-            quotas,
-            shape,
-            penalty,
-        }
-    }
-
-    /// `or(and(leaf 0, leaf 1), leaf 2)`: leaf 2 always counts, and leaves 0 and 1 only
-    /// deny together.
-    fn or_of_and(quotas: Vec<Quota>) -> Rule {
-        let shape = Shape::Or(vec![
-            Shape::And(vec![Shape::Leaf(0), Shape::Leaf(1)]),
-            Shape::Leaf(2),
-        ]);
-        Rule {
-            quotas,
-            shape,
-            penalty: None,
-        }
-    }
-
-    fn evaluation(&self, cost: u64, recording: Recording) -> Evaluation<'_> {
-        Evaluation {
-            shape: &self.shape,
-            quotas: &self.quotas,
-            cost,
-            recording,
-            penalty: self.penalty.as_ref(),
-        }
-    }
-
-    /// The hit as the store sees it: its lean form.
-    fn lean(&self, cost: u64, recording: Recording) -> LeanRule {
-        let ids: Vec<Identifier> = (0..self.quotas.len())
-            .map(|i| Identifier::new(format!("k{i}")))
-            .collect();
-        let penalty_id = Identifier::new("p");
-        let hit = Hit {
-            identifiers: &ids,
-            evaluation: self.evaluation(cost, recording),
-            penalty_identifier: self.penalty.is_some().then_some(&penalty_id),
-        };
-        LeanRule::of(&hit).unwrap().expect("a lean hit")
     }
 }
 
@@ -694,185 +523,4 @@ fn batches_of_rules_sharing_keys_decide_and_store_as_the_core() {
     );
     assert!(struck > 50, "only {struck} strikes");
     assert!(edges > 60, "only {edges} batches at a penalty's edges");
-}
-
-/// A reply of another length than the rule's, or a negative number, is an error, never a
-/// decision.
-#[test]
-fn a_reply_of_the_wrong_shape_is_an_error() {
-    let rule = Rule::new(vec![quota(5, 1, 5), quota(40, 1, 40)], None);
-    let lean = rule.lean(1, Recording::Admitted);
-    assert!(lean.decision(1_000, &[0]).is_err());
-    assert!(lean.decision(1_000, &[0, 0, 0]).is_err());
-    assert!(lean.decision(1_000, &[0, -1]).is_err());
-    assert!(lean.decision(-1, &[0, 0]).is_err());
-    assert!(lean.decision(1_000, &[0, 0]).unwrap().allowed());
-    let seconds = Duration::from_secs;
-    let penalty = Penalty::new(seconds(1), 2, seconds(60), seconds(600)).unwrap();
-    let login = Rule::new(vec![quota(5, 60, 5)], Some(penalty)).lean(1, Recording::Always);
-    assert!(login.decision(1_000, &[0]).is_err(), "no record");
-    assert!(login.decision(1_000, &[0, -1, 0, 0]).is_err());
-    assert!(login.decision(1_000, &[0, 0, 0, 0]).unwrap().allowed());
-    let boxed = login.decision(1_000, &[0, 1, 5_000, 900]).unwrap();
-    assert!(matches!(boxed.denial, Some(Denial::Penalized { .. })));
-
-    // A sliding log answers its used units, newest time, the k-th oldest's and the
-    // (k + cost)-th oldest's; an answer no log can give is an error. Two logs of 3 and 8
-    // units, a hit of 2 counted even if denied: with 2 units used of 3, k is 1.
-    let logs = Rule::new(vec![log(3, 1), log(8, 4)], None).lean(2, Recording::Always);
-    let (now, fresh) = (10_000_000, [0, 0, 0, 0]);
-    assert!(
-        logs.decision(now, &[fresh, fresh].concat())
-            .unwrap()
-            .allowed()
-    );
-    let full = [2, 9_900_000, 9_500_000, 0];
-    let denied = logs.decision(now, &[full, fresh].concat()).unwrap();
-    // Found, the log would clear at 9.5 s + 1 s; recorded, it loses its oldest unit and
-    // gains two of now, and the second oldest left is one of now: the wait is the window.
-    assert_eq!(
-        denied.denial,
-        Some(Denial::Limited {
-            retry_after: Duration::from_secs(1)
-        })
-    );
-    for wrong in [
-        [2, 0, 9_500_000, 0],         // units, but no newest
-        [2, 9_900_000, 0, 0],         // denied, but no k-th oldest
-        [1, 9_900_000, 9_500_000, 0], // room for the cost, yet a k-th oldest
-        [2, 9_500_000, 9_900_000, 0], // the k-th oldest after the newest
-        [0, 9_900_000, 0, 0],         // a newest unit in an empty log
-        [2, 9_900_000, -1, 0],
-    ] {
-        assert!(
-            logs.decision(now, &[wrong, fresh].concat()).is_err(),
-            "{wrong:?}"
-        );
-    }
-    // With 3 units used, k is 2 and the (k + cost)-th oldest would be past the newest: none.
-    assert!(
-        logs.decision(now, &[[3, 9_900_000, 9_600_000, 9_700_000], fresh].concat())
-            .is_err()
-    );
-    assert!(
-        logs.decision(now, &[[3, 9_900_000, 9_600_000, 0], fresh].concat())
-            .is_ok()
-    );
-    // 3 units used of 8 by a hit of 2: k = 3 + 2 - 8 = -3, and k + cost = -1: nothing asked.
-    assert!(
-        logs.decision(now, &[fresh, [3, 9_900_000, 0, 0]].concat())
-            .is_ok()
-    );
-    assert!(
-        logs.decision(now, &[fresh, [3, 9_900_000, 0, 9_800_000]].concat())
-            .is_err()
-    );
-
-    // A sliding window (3 in 4 sub-windows of 0.25 s) answers its units counted, the
-    // current sub-window's, and as sub-windows back the newest earlier one holding units,
-    // the k-th oldest's and the k2-th's, then how far ahead its newest is. At 10 s (the
-    // current sub-window is the 40th), a hit of 1 counted when admitted.
-    let window = Rule::new(vec![sliding(3, 1, 4)], None).lean(1, Recording::Admitted);
-    assert!(window.decision(now, &[0, 0, 0, 0, 0, 0]).unwrap().allowed());
-    // 3 units, 2 of them 2 sub-windows back: denied until that one slides out.
-    let denied = window.decision(now, &[3, 1, 2, 2, 0, 0]).unwrap();
-    assert_eq!(
-        denied.denial,
-        Some(Denial::Limited {
-            retry_after: Duration::from_millis(500)
-        })
-    );
-    for wrong in [
-        [3, 1, 0, 2, 0, 0], // earlier units, but no earlier sub-window holding them
-        [3, 1, 2, 0, 0, 0], // denied, but no sub-window to wait for
-        [2, 1, 2, 2, 0, 0], // room for the hit, yet a sub-window to wait for
-        [3, 1, 2, 2, 2, 0], // a recorded wait asked of a hit counted only when admitted
-        [3, 1, 4, 4, 0, 0], // a sub-window the window no longer counts
-        [3, 1, 3, 2, 0, 0], // the units to wait for after the newest earlier ones
-        [1, 2, 0, 0, 0, 0], // more in the current sub-window than in all
-        [3, 1, 2, -2, 0, 0],
-    ] {
-        assert!(window.decision(now, &wrong).is_err(), "{wrong:?}");
-    }
-}
-
-/// The sub-windows the store rebuilds from a sliding window's answer decide and record as
-/// the window the answer was read from: random windows (sub-windows stale, current, and
-/// newer than now, as after Redis's clock stepped back; times near the epoch), costs and
-/// recordings, the window joined by `;` to a GCRA leaf, each answered as the script answers
-/// ([`window_answer`]) and decided by the store against the core on the window itself.
-#[test]
-fn windows_rebuilt_from_answers_decide_as_the_windows_read() {
-    let mut rng = Rng(0x51d3);
-    let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
-    let (mut ahead, mut waits, mut denied, mut limited_waits) = (0, 0, 0, 0);
-    for case in 0..20_000 {
-        // One window in ten of 120 sub-windows, the rest of 1 to 12.
-        let g = match rng.next_u64() % 10 {
-            0 => 120,
-            _ => 1 + rng.next_u64() % 12,
-        };
-        let limit = 1 + rng.next_u64() % 12;
-        // Sub-windows of 1 s.
-        let rule = Rule::new(vec![sliding(limit, g, g as u32), quota(5, 1, 5)], None);
-        let micros: Vec<Quota> = rule.quotas.iter().map(|q| micro(q).unwrap()).collect();
-        let sub = micros[0].sub_window_ticks();
-        let current = rng.next_u64() % 40;
-        let now = current * sub + rng.next_u64() % sub;
-        let newest = (current + rng.next_u64() % 8).saturating_sub(5);
-        // Counts up to twice the limit (denials counted anyway stop there), some above it (a
-        // window counted under a larger limit), and the current sub-window often full.
-        let mut counts: Vec<u64> = (0..g)
-            .map(|_| match rng.next_u64() % 4 {
-                0 => 0,
-                1 => rng.next_u64() % (3 * limit + 1),
-                _ => rng.next_u64() % (2 * limit + 1),
-            })
-            .collect();
-        if newest == current && rng.next_u64() % 3 == 0 {
-            counts[g as usize - 1] = 2 * limit - rng.next_u64() % 2;
-        }
-        let window = State::SlidingWindow(Counters::from_parts(newest, &counts));
-        let tat = now + rng.next_u64() % 2_000_000;
-        let cost = [0, 1, 1, 2, limit, limit + 1][(rng.next_u64() % 6) as usize];
-        let recording = recordings[(rng.next_u64() % 3) as usize];
-        let mut reply = window_answer(&micros[0], &window, now, cost, recording);
-        ahead += u64::from(reply[5] > 0);
-        waits += u64::from(reply[4] > 0);
-        reply.push(tat - now);
-        let reply: Vec<i64> = reply.iter().map(|&x| x as i64).collect();
-        let decision = rule
-            .lean(cost, recording)
-            .decision(now as i64, &reply)
-            .unwrap_or_else(|e| panic!("case {case}: {e}"));
-        let mut states = vec![window.clone(), State::Gcra { tat }];
-        let evaluation = Evaluation {
-            shape: &rule.shape,
-            quotas: &micros,
-            cost,
-            recording,
-            penalty: None,
-        };
-        let outcome = evaluate(&evaluation, &mut states, None, now);
-        assert_eq!(
-            decision, outcome.decision,
-            "case {case}: {window:?} at {now}, cost {cost}, {recording:?}, answered {reply:?}"
-        );
-        denied += u64::from(!decision.allowed());
-        limited_waits += u64::from(
-            matches!(decision.denial, Some(Denial::Limited { .. }))
-                && decision.leaf == 0
-                && reply[3] > 0,
-        );
-    }
-    assert!(ahead > 1_000, "only {ahead} windows newer than now");
-    assert!(
-        waits > 500,
-        "only {waits} answers of a recorded window's wait"
-    );
-    assert!(denied > 3_000, "only {denied} denials");
-    assert!(
-        limited_waits > 1_000,
-        "only {limited_waits} waits read from an earlier sub-window"
-    );
 }
