@@ -11,10 +11,9 @@
 //! sliding log: see [`answered_window`] and [`answered_log`]), and the penalty record each
 //! hit found; the core's rule evaluation at `now`, on TATs of `now` plus the debts, windows
 //! holding those counts, windows and logs that answer as the ones read and that record,
-//! makes the decision, as the whole
-//! script's would be (a GCRA verdict depends on the TAT only through the debt, and a TAT not
-//! after `now` decides as a fresh one; a fixed window's only through its count in the
-//! current window).
+//! makes the decision, as the whole script's would be (a GCRA verdict depends on the TAT
+//! only through the debt, and a TAT not after `now` decides as a fresh one; a fixed
+//! window's only through its count in the current window).
 
 use sluice_core::algorithm::sliding_log::Log;
 use sluice_core::algorithm::sliding_window::Counters;
@@ -34,9 +33,9 @@ use crate::store::RedisStore;
 pub const MAX_RULE_LEAVES: usize = 8;
 
 /// A hit of the lean rule script's shape: 1 to [`MAX_RULE_LEAVES`] GCRA, fixed-window,
-/// sliding-window or sliding-log leaves under any tree of `or` and
-/// `and` (or one leaf), each once, one identifier each, with or without a penalty. Its ARGV for
-/// the script, and its decision from the script's reply.
+/// sliding-window or sliding-log leaves under any tree of `or` and `and` (or one leaf),
+/// each once, one identifier each, with or without a penalty. Its ARGV for the script, and
+/// its decision from the script's reply.
 #[derive(Debug, Clone)]
 pub struct LeanRule {
     /// The quotas counted in microseconds, in leaf order.
@@ -103,9 +102,9 @@ impl LeanRule {
     /// The hit's parameter set: cost, recording, the number of leaves, each leaf's kind and
     /// three numbers (GCRA: 1, interval, burst, window; fixed window: 4, limit, window
     /// length, 0; sliding window: 2, limit, sub-window length, sub-windows; sliding log: 3,
-    /// limit, window, 0), the shape (0 for one leaf or an `or` of every leaf, else its length and
-    /// [`tree_code`]), then 0, or 1 and the penalty's base, factor, max and forget_after
-    /// (microseconds).
+    /// limit, window, 0), the shape (0 for one leaf or an `or` of every leaf, else its
+    /// length and [`tree_code`]), then 0, or 1 and the penalty's base, factor, max and
+    /// forget_after (microseconds).
     pub fn arguments(&self) -> Vec<u64> {
         let mut arguments = Vec::with_capacity(8 + 4 * self.quotas.len());
         arguments.extend([
@@ -146,9 +145,10 @@ impl LeanRule {
     /// integers): the core's evaluation of the rule at `now`, on TATs of `now` plus each
     /// GCRA leaf's debt, fixed windows holding each one's count in the window of `now`,
     /// windows and logs that answer as the sliding windows and logs read
-    /// ([`answered_window`], [`answered_log`]), and the penalty record it found, recording as the hit does (a denial
-    /// counted anyway answers with the recorded states' wait, a boxed key the box's). A
-    /// reply of another length or a negative number is an error.
+    /// ([`answered_window`], [`answered_log`]), and the penalty record it found, recording
+    /// as the hit does (a denial counted anyway answers with the recorded states' wait, a
+    /// boxed key the box's). A reply of another length, a negative number, or an answer no
+    /// window or log can give is an error.
     pub fn decision(&self, now: i64, reply: &[i64]) -> Result<Decision, RedisError> {
         let wrong = || {
             RedisError::Reply(format!(
@@ -256,7 +256,8 @@ fn leaf_reply_len(quota: &Quota) -> usize {
 /// after now (where nothing counts it), and a denial is judged again with k2. So a window
 /// holding the k-th and k2-th units' counts up to them where they lie, the rest of the
 /// earlier units in the newest earlier sub-window holding any, and the current sub-window's
-/// count, its newest sub-window the state's, answers and records alike. `None` for an answer no window can give.
+/// count, its newest sub-window the state's, answers and records alike. `None` for an
+/// answer no window can give.
 fn answered_window(
     quota: &Quota,
     now: u64,
@@ -303,16 +304,18 @@ fn answered_window(
         Some(())
     };
     // The k-th and k2-th units where they lie, the smaller first.
-    let mut wanted: Vec<(u64, u64)> = Vec::with_capacity(2);
+    let (mut wanted, mut asked_for) = ([(0u64, 0u64); 2], 0);
     if first != 0 {
-        wanted.push((u64::try_from(k).ok()?, first));
+        wanted[asked_for] = (u64::try_from(k).ok()?, first);
+        asked_for += 1;
     }
     if second != 0 {
-        wanted.push((u64::try_from(k2).ok()?, second));
+        wanted[asked_for] = (u64::try_from(k2).ok()?, second);
+        asked_for += 1;
     }
-    wanted.sort_unstable();
+    wanted[..asked_for].sort_unstable();
     let (mut placed, mut last_back) = (0u64, None);
-    for (target, back) in wanted {
+    for &(target, back) in &wanted[..asked_for] {
         if back == 0 || last_back.is_some_and(|last| back > last) {
             return None;
         }
