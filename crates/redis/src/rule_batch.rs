@@ -397,8 +397,8 @@ fn answered_log(quota: &Quota, cost: u64, recording: Recording, read: [u64; 4]) 
 
 /// Writes `shape` into `out`, when given, as the lean rule script reads a tree, in prefix
 /// order: leaf `i` as `i + 1`, an `or` of n children as `100 + n`, an `and` as `200 + n`;
-/// marks each leaf in `seen`. False when the script cannot take the shape: a leaf out of range or named twice,
-/// or a group of 100 children or more.
+/// marks each leaf in `seen`. False when the script cannot take the shape: a leaf out of
+/// range or named twice, or a group of 100 children or more.
 fn tree_code(
     shape: &Shape,
     leaves: usize,

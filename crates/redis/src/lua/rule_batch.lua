@@ -1,7 +1,7 @@
 -- sluice: the lean script for a rule of GCRA, fixed-window, sliding-window and sliding-log
 -- leaves joined by `;` (`or`: the hit is denied when any leaf would be exceeded), or of one
--- such leaf (a GCRA leaf alone without a penalty has gcra_batch.lua, and so on), or of any tree
--- of `or` and `and` over such leaves (`and(apikey:100/h, 10/s)`), with or without a
+-- such leaf (a GCRA leaf alone without a penalty has gcra_batch.lua, and so on), or of any
+-- tree of `or` and `and` over such leaves (`and(apikey:100/h, 10/s)`), with or without a
 -- penalty, for a batch of such hits decided one after the other in one call (each its own
 -- decision, in order: a key named by several hits, such as a limit every caller shares or
 -- a penalty record, sees the earlier hits' writes), as gcra_batch.lua does for one leaf
@@ -20,9 +20,9 @@
 -- (1, interval, burst, window in ticks for a GCRA leaf; 4, limit, window length in ticks, 0
 -- for a fixed window; 2, limit, sub-window length in ticks, sub-windows G for a sliding
 -- window; 3, limit, window in ticks, 0 for a sliding log: algorithms.lua's codes), then the
--- shape: 0 for one leaf or an `or` of every
--- leaf, else its length K and K numbers, the tree in prefix order (leaf j is j, an
--- `or` of n children 100 + n, an `and` of n children 200 + n); then 0 (no penalty) or 1 and
+-- shape: 0 for one leaf or an `or` of every leaf, else its length K and K numbers, the tree
+-- in prefix order (leaf j is j, an `or` of n children 100 + n, an `and` of n children
+-- 200 + n); then 0 (no penalty) or 1 and
 -- the penalty's base, factor, max and forget_after (ticks); then one per hit, in order: the
 -- number of its set (from 1), left out when S is 1. Last, a token unique to the call, for
 -- the sliding logs' members (as in log_batch.lua: "<time>:<token>:<n>").
