@@ -175,7 +175,10 @@ async fn a_race_across_a_boundary_leaves_no_lasting_refusal() {
         short.is_empty(),
         "rounds (round, flooded, topped) not at 100: {short:?}"
     );
-    // Away from a boundary a refusal races no one: it keeps its wait (and a near cache).
+    // Away from a boundary, a refusal of a full window keeps its wait (and a near cache
+    // keeps it). Such a refusal may still come from hits of other servers racing on the
+    // counter, whose costs are in flight; the near cache then repeats it for up to its TTL
+    // (see tests/serve_memcached.rs in sluice-cli).
     let boundary = 1_700_000_100 * 1_000_000_000 + (4 + 8 * 29) * sub;
     ahead.set(boundary + 5_000_000_000);
     let checked = limiters[0].check("p", &[("user", "u29")], 1).await.unwrap();
