@@ -29,7 +29,7 @@ use crate::RedisError;
 use crate::lean_batch::{FixedPending, LeanPending, LogPending, SlidingPending};
 use crate::lease_batch::LeasePending;
 use crate::rule_batch::RulePending;
-use crate::script::batch_call;
+use crate::script::gcra_batch_call;
 use crate::script::{
     FIXED_BATCH, GCRA_BATCH, LOG_BATCH, LeanFixed, LeanGcra, LeanLog, LeanSliding, Lua,
     SLIDING_BATCH,
@@ -255,7 +255,7 @@ async fn send_by_slot<P: Batched>(store: &RedisStore, mut batch: Vec<P>) {
 /// Sends `batch` as one script call and answers each hit: its debt, or the call's error
 /// (a call that failed decided nothing that anyone is told was admitted).
 async fn send(store: &RedisStore, batch: Vec<Pending>) {
-    let (keys, arguments) = batch_call(
+    let (keys, arguments) = gcra_batch_call(
         batch
             .iter()
             .map(|pending| (pending.key.as_str(), pending.arguments)),

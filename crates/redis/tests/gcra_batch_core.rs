@@ -3,7 +3,8 @@
 //! hits counted when denied or never counted) must answer exactly as sluice-core's GCRA
 //! deciding them one after the other at the batch's `now`, leave each key holding the
 //! core's final TAT, and give a written key the expiry of that final TAT (the script writes
-//! a key once per batch, after its last hit).
+//! a key once per batch, after its last hit). Batches of many users' hits (one parameter
+//! set, no key twice) take the script's own loop for them, and are checked the same way.
 
 #[path = "lean/run.rs"]
 mod lean;
@@ -14,7 +15,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, batch_call, micro};
+use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, gcra_batch_call, micro};
 use sluice_testkit::RedisServer;
 
 /// xorshift64*, so every run replays the same hits.
@@ -48,11 +49,6 @@ fn lean_arguments(quota: Quota, cost: u64, recording: Recording) -> [u64; 5] {
     LeanGcra::of(&hit).unwrap().expect("a lean hit").arguments()
 }
 
-/// The index of `key` in the test's keys (`k0`, `k1`, `k2`).
-fn key_index(key: &str) -> usize {
-    key[1..].parse().unwrap()
-}
-
 #[test]
 fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let server = RedisServer::start().expect("redis-server");
@@ -61,38 +57,50 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let source = lean::source(GCRA_BATCH_LUA);
 
     let quotas = [quota(5, 1), quota(3, 60), quota(100, 10)];
-    // The core decides in the script's unit, microseconds.
-    let micros: Vec<Quota> = quotas.iter().map(|q| micro(q).unwrap()).collect();
     let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
-    let keys = ["k0", "k1", "k2"];
+    // Hits on their own pick among the first three keys, each with its quota; a batch of
+    // many users picks distinct keys among all eight, with one quota.
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
     // The core's TAT of each key (absent: a full bucket).
     let mut core: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut rng, mut now, mut hits, mut denied, mut repeats) = (0x5eed_u64, 1_000_000, 0, 0, 0);
-    // Batches sent as one key with a count of hits (see `batch_call`).
-    let mut one_key_calls = 0u64;
+    // Batches sent as one key with a count of hits, and as distinct keys of one set (see
+    // `gcra_batch_call`).
+    let (mut one_key_calls, mut distinct_calls) = (0u64, 0u64);
 
-    for batch in 0..400 {
+    for batch in 0..800 {
         // Time moves by up to 0.4 s between batches: buckets refill partly, rarely whole.
         now += next(&mut rng) % 400_000;
         let size = 1 + (next(&mut rng) % 12) as usize;
         let mut sent = Vec::new();
-        // One batch in four is a hot key's: every hit the same key, cost and recording.
-        let hot = batch % 4 == 0;
-        for _ in 0..size {
-            let key = (next(&mut rng) % keys.len() as u64) as usize;
-            let q = quotas[key];
+        // One batch in four is a hot key's: every hit the same key, cost and recording. One
+        // in four is many users': every hit the first's quota, cost and recording, each on a
+        // key of its own.
+        let (hot, users) = (batch % 4 == 0, batch % 4 == 1);
+        let mut free: Vec<usize> = (0..keys.len()).collect();
+        for _ in 0..if users { size.min(keys.len()) } else { size } {
+            let mut key = (next(&mut rng) % 3) as usize;
+            if users {
+                key = free.swap_remove((next(&mut rng) % free.len() as u64) as usize);
+            }
+            let q = quotas[key % 3];
             let cost = [1, 1, 1, 2, 0][(next(&mut rng) % 5) as usize];
             let recording = recordings[[0, 0, 0, 0, 1, 2][(next(&mut rng) % 6) as usize]];
-            match sent.first() {
-                Some(&first) if hot => sent.push(first),
-                _ => sent.push((keys[key], q, cost, recording)),
-            }
+            sent.push(match sent.first() {
+                Some(&first) if hot => first,
+                Some(&(_, q, cost, recording)) if users => (keys[key], q, cost, recording),
+                _ => (keys[key], q, cost, recording),
+            });
         }
-        let (call_keys, args) = batch_call(
+        let (call_keys, args) = gcra_batch_call(
             sent.iter()
                 .map(|&(key, q, cost, recording)| (key, lean_arguments(q, cost, recording))),
         );
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
+        distinct_calls += u64::from(args[0] == 0);
+        if users {
+            assert_eq!(args[0], 0, "batch {batch}: many users' hits go as distinct keys");
+        }
         let (debts, stored) =
             lean::run_and_read(&mut con, &source, (&call_keys, &args, now), &keys, |key| {
                 redis::cmd("GET").arg(key).clone()
@@ -100,7 +108,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
         assert_eq!(debts.len(), sent.len());
 
         let mut last_write: BTreeMap<&str, u64> = BTreeMap::new();
-        for (i, &(key, _, cost, recording)) in sent.iter().enumerate() {
+        for (i, &(key, q, cost, recording)) in sent.iter().enumerate() {
             let tat = core.get(key).copied().unwrap_or(0);
             assert_eq!(
                 debts[i] as u64,
@@ -111,7 +119,8 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
             let outcome = evaluate(
                 &Evaluation {
                     shape: &Shape::Leaf(0),
-                    quotas: &[micros[key_index(key)]],
+                    // The core decides in the script's unit, microseconds.
+                    quotas: &[micro(&q).unwrap()],
                     cost,
                     recording,
                     penalty: None,
@@ -156,5 +165,9 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     assert!(
         one_key_calls > 50,
         "only {one_key_calls} batches sent as one key"
+    );
+    assert!(
+        distinct_calls > 200,
+        "only {distinct_calls} batches sent as distinct keys of one set"
     );
 }

@@ -18,7 +18,7 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
     ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LOG_BATCH_LUA, LeanFixed, LeanGcra, LeanLog,
     LeanRule, LeanSliding, RULE_BATCH_LUA, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
-    rule_batch_call,
+    gcra_batch_call, rule_batch_call,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -43,6 +43,9 @@ enum Script {
     /// of a batch of three (a fresh key before and after it), its decision made in Rust from
     /// the script's one-integer reply.
     Lean,
+    /// gcra_batch.lua again, each of those vectors alone in its call, as the store sends a
+    /// lone hit (`gcra_batch_call`): the script's loop for hits of one set on distinct keys.
+    LeanAlone,
     /// fixed_batch.lua: the vectors of one fixed-window leaf without a penalty, the same way,
     /// the decision made from the script's two integers.
     LeanFixed,
@@ -108,6 +111,11 @@ fn lua_reproduces_every_vector() {
 #[test]
 fn lean_script_reproduces_every_single_leaf_gcra_vector() {
     lean_script_reproduces_its_vectors(Script::Lean, GCRA_BATCH_LUA, "GCRA", 30);
+}
+
+#[test]
+fn lean_script_alone_reproduces_every_single_leaf_gcra_vector() {
+    lean_script_reproduces_its_vectors(Script::LeanAlone, GCRA_BATCH_LUA, "GCRA", 30);
 }
 
 #[test]
@@ -231,7 +239,7 @@ fn check(
     };
     let lean = match kind {
         Script::Full => None,
-        Script::Lean => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
+        Script::Lean | Script::LeanAlone => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
         Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
         Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
         Script::LeanLog => Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?)),
@@ -263,6 +271,11 @@ fn check(
     let text = |args: Vec<u64>| args.iter().map(u64::to_string).collect();
     let mut args: Vec<String> = match lean.clone() {
         None => arguments(&hit, index as u64).expect("arguments"),
+        Some(Lean::Gcra(lean)) if kind == Script::LeanAlone => {
+            let (_, args) = gcra_batch_call([(keys[0].as_str(), lean.arguments())]);
+            assert_eq!(args[0], 0, "a lone hit goes as distinct keys of one set");
+            text(args)
+        }
         Some(Lean::Gcra(lean)) => {
             let neighbour = LeanGcra::of(&neighbour_hit).unwrap().expect("a lean hit");
             text(batch_arguments(
@@ -312,10 +325,12 @@ fn check(
         .map(String::as_str)
         .chain(penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
-    if matches!(
-        lean,
-        Some(Lean::Gcra(_) | Lean::Fixed(_) | Lean::Sliding(_) | Lean::Log(_))
-    ) {
+    if kind != Script::LeanAlone
+        && matches!(
+            lean,
+            Some(Lean::Gcra(_) | Lean::Fixed(_) | Lean::Sliding(_) | Lean::Log(_))
+        )
+    {
         all_keys = vec![&before_key, all_keys[0], &after_key];
     }
     run.arg(all_keys.len()).arg(&all_keys).arg(&args);
@@ -346,6 +361,15 @@ fn check(
             reply = match lean.decision(reply[0], &reply[1..]) {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the debts: {e}")]),
+            };
+        }
+        Some(Lean::Gcra(lean)) if kind == Script::LeanAlone => {
+            if reply.len() != 1 {
+                return Some(vec![format!("reply {reply:?}: expected one debt")]);
+            }
+            reply = match lean.decision(reply[0]) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the debt: {e}")]),
             };
         }
         Some(Lean::Gcra(lean)) => {

@@ -1,8 +1,9 @@
 -- Integers as the decimal strings Redis reads, for the lean scripts' writes (a TAT and its
 -- PX expiry, a lease's ZADD score and its PEXPIRE milliseconds), each made once per value
 -- in a call: most writes of a call share a few values (`now` plus a cost or a lease time),
--- and Lua would pass a number through libc's "%.14g" floating-point formatting, a few
--- percent of a step (benches/lua_instructions.sh). Placed before a lean script's body.
+-- and Redis would turn every number argument into text with libc's "%.17g" floating-point
+-- formatting (exact for integers, but a few percent of a step: benches/lua_instructions.sh).
+-- Placed before a lean script's body.
 local decimal
 do
   local strings, format = {}, string.format

@@ -1,3 +1,3 @@
 -- Entry of a lean script: the time is Redis's own clock, never the caller's.
 local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now = time[1] * 1000000 + time[2]
