@@ -29,7 +29,7 @@ use crate::RedisError;
 use crate::lean_batch::{FixedPending, LeanPending, LogPending, SlidingPending};
 use crate::lease_batch::LeasePending;
 use crate::rule_batch::RulePending;
-use crate::script::gcra_batch_call;
+use crate::script::distinct_batch_call;
 use crate::script::{
     FIXED_BATCH, GCRA_BATCH, LOG_BATCH, LeanFixed, LeanGcra, LeanLog, LeanSliding, Lua,
     SLIDING_BATCH,
@@ -255,7 +255,7 @@ async fn send_by_slot<P: Batched>(store: &RedisStore, mut batch: Vec<P>) {
 /// Sends `batch` as one script call and answers each hit: its debt, or the call's error
 /// (a call that failed decided nothing that anyone is told was admitted).
 async fn send(store: &RedisStore, batch: Vec<Pending>) {
-    let (keys, arguments) = gcra_batch_call(
+    let (keys, arguments) = distinct_batch_call(
         batch
             .iter()
             .map(|pending| (pending.key.as_str(), pending.arguments)),
@@ -336,7 +336,7 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         let queue = &self.queues().fixed;
         let [used, left] = self
-            .lean_reply(queue, hit, lean.arguments(), &FIXED_BATCH, false)
+            .lean_reply(queue, hit, lean.arguments(), &FIXED_BATCH, (false, true))
             .await?;
         lean.decision(used, left)
     }
@@ -350,7 +350,7 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         let queue = &self.queues().sliding;
         let verdict = self
-            .lean_reply(queue, hit, lean.arguments(), &SLIDING_BATCH, false)
+            .lean_reply(queue, hit, lean.arguments(), &SLIDING_BATCH, (false, false))
             .await?;
         lean.decision(verdict)
     }
@@ -364,21 +364,22 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         let queue = &self.queues().log;
         let verdict = self
-            .lean_reply(queue, hit, lean.arguments(), &LOG_BATCH, true)
+            .lean_reply(queue, hit, lean.arguments(), &LOG_BATCH, (true, false))
             .await?;
         lean.decision(verdict)
     }
 
     /// Queues a lean hit of `A` arguments on `queue` for its next call of `script` (whose
-    /// ARGV ends with a token unique to the call when `token`), and waits, within the
-    /// store's timeout, for the hit's `R` integers.
+    /// ARGV ends with a token unique to the call when `token`, and which has a loop for
+    /// distinct keys of one set when `distinct`), and waits, within the store's timeout,
+    /// for the hit's `R` integers.
     async fn lean_reply<const A: usize, const R: usize>(
         &self,
         queue: &Batcher<LeanPending<A, R>>,
         hit: &Hit<'_>,
         arguments: [u64; A],
         script: &'static LazyLock<Lua>,
-        token: bool,
+        (token, distinct): (bool, bool),
     ) -> Result<[i64; R], RedisError> {
         self.batched(queue, &hit.identifiers[0], |key, slot, reply| LeanPending {
             key,
@@ -386,6 +387,7 @@ impl RedisStore {
             slot,
             script,
             token,
+            distinct,
             reply,
         })
         .await

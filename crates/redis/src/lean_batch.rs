@@ -12,18 +12,20 @@ use std::sync::LazyLock;
 
 use crate::RedisError;
 use crate::batch::{Answer, Batched, answer_each};
-use crate::script::{Lua, batch_call};
+use crate::script::{Lua, batch_call, distinct_batch_call};
 use crate::store::RedisStore;
 
 /// One queued lean hit: its key, its `A` arguments, its slot (Cluster), the script that
-/// decides its kind (and whether its ARGV ends with a token unique to the call), and where
-/// its reply (`R` integers) goes.
+/// decides its kind (whether its ARGV ends with a token unique to the call, and whether it
+/// has a loop for distinct keys of one set: see [`distinct_batch_call`]), and where its
+/// reply (`R` integers) goes.
 pub(crate) struct LeanPending<const A: usize, const R: usize> {
     pub key: String,
     pub arguments: [u64; A],
     pub slot: u16,
     pub script: &'static LazyLock<Lua>,
     pub token: bool,
+    pub distinct: bool,
     pub reply: Answer<[i64; R]>,
 }
 
@@ -53,14 +55,23 @@ impl<const A: usize, const R: usize> Batched for LeanPending<A, R> {
 /// its `R` integers, or the call's error (a call that failed decided nothing that anyone is
 /// told was admitted).
 async fn send<const A: usize, const R: usize>(store: &RedisStore, batch: Vec<LeanPending<A, R>>) {
-    let Some((script, token)) = batch.first().map(|pending| (pending.script, pending.token)) else {
+    let Some(&LeanPending {
+        script,
+        token,
+        distinct,
+        ..
+    }) = batch.first()
+    else {
         return;
     };
-    let (keys, mut arguments) = batch_call(
-        batch
-            .iter()
-            .map(|pending| (pending.key.as_str(), pending.arguments)),
-    );
+    let hits = batch
+        .iter()
+        .map(|pending| (pending.key.as_str(), pending.arguments));
+    let (keys, mut arguments) = if distinct {
+        distinct_batch_call(hits)
+    } else {
+        batch_call(hits)
+    };
     if token {
         arguments.push(store.next_token());
     }

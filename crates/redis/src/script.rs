@@ -10,7 +10,8 @@ use sluice_limiter::Hit;
 use crate::RedisError;
 /// The Cluster slot of an identifier's key, for tests that spread keys over slots.
 pub use crate::lean::{
-    LeanFixed, LeanGcra, LeanLog, LeanSliding, batch_arguments, batch_call, gcra_batch_call, gcra_one_arguments,
+    LeanFixed, LeanGcra, LeanLog, LeanSliding, batch_arguments, batch_call, distinct_batch_call,
+    gcra_one_arguments,
 };
 pub use crate::rule_batch::{LeanRule, MAX_RULE_LEAVES, rule_batch_call};
 pub use crate::slot::slot_of;

@@ -4,6 +4,8 @@
 //! exactly as sluice-core's fixed window deciding them one after the other at the batch's
 //! `now`, leave each key holding the core's final state, and give a written key the expiry
 //! of its window's end (the script writes a key once per batch, after its last hit).
+//! Batches of many users' hits (one parameter set, no key twice) take the script's own loop
+//! for them, and are checked the same way.
 
 #[path = "lean/run.rs"]
 mod lean;
@@ -14,7 +16,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, batch_call, micro};
+use sluice_redis::script::{FIXED_BATCH_LUA, LeanFixed, distinct_batch_call, micro};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
@@ -57,12 +59,18 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let mut con = client.get_connection().expect("connect");
     let source = lean::source(FIXED_BATCH_LUA);
 
-    // The last, 2 a second, often sees a cost above its limit in a window of its own.
-    let quotas = [quota(5, 1), quota(3, 60), quota(100, 10), quota(2, 1)];
+    // The fourth, 2 a second, often sees a cost above its limit in a window of its own.
+    // Hits on their own pick among the first four keys; a batch of many users picks
+    // distinct keys among the last eight, which share one quota (1 in 10 s, so that hits
+    // counted when denied reach the count's cap of twice the limit).
+    let mut quotas = vec![quota(5, 1), quota(3, 60), quota(100, 10), quota(2, 1)];
+    quotas.extend([quota(1, 10); 8]);
     // The core decides in the script's unit, microseconds.
     let micros: Vec<Quota> = quotas.iter().map(|q| micro(q).unwrap()).collect();
     let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
-    let keys = ["k0", "k1", "k2", "k3"];
+    let keys = [
+        "k0", "k1", "k2", "k3", "u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7",
+    ];
     let mut core: BTreeMap<&str, State> = keys
         .iter()
         .zip(&micros)
@@ -72,8 +80,9 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let mut rng = Rng(0x5eed);
     let (mut now, mut hits, mut denied, mut repeats) = (1_000_000, 0, 0, 0);
     let (mut new_windows, mut never, mut one_key_calls) = (0u64, 0u64, 0u64);
+    let mut distinct_calls = 0u64;
 
-    for batch in 0..400 {
+    for batch in 0..800 {
         // Time moves by up to 0.4 s between batches: 1 s windows end often, 10 s ones now
         // and then.
         let before = now;
@@ -81,22 +90,37 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
         new_windows += u64::from(now / 1_000_000 != before / 1_000_000);
         let size = 1 + (rng.next_u64() % 12) as usize;
         let mut sent = Vec::new();
-        // One batch in four is a hot key's: every hit the same key, cost and recording.
-        let hot = batch % 4 == 0;
-        for _ in 0..size {
-            let key = (rng.next_u64() % keys.len() as u64) as usize;
+        // One batch in four is a hot key's: every hit the same key, cost and recording. One
+        // in four is many users': every hit the first's cost and recording, each on a key of
+        // its own.
+        let (hot, users) = (batch % 4 == 0, batch % 4 == 1);
+        let mut free: Vec<usize> = (4..keys.len()).collect();
+        for _ in 0..if users { size.min(free.len()) } else { size } {
+            let mut key = (rng.next_u64() % 4) as usize;
+            if users {
+                key = free.swap_remove((rng.next_u64() % free.len() as u64) as usize);
+            }
             let cost = [1, 1, 1, 2, 0, 4][(rng.next_u64() % 6) as usize];
             let recording = recordings[[0, 0, 0, 0, 1, 2][(rng.next_u64() % 6) as usize]];
-            match sent.first() {
-                Some(&first) if hot => sent.push(first),
-                _ => sent.push((key, cost, recording)),
-            }
+            sent.push(match sent.first() {
+                Some(&first) if hot => first,
+                Some(&(_, cost, recording)) if users => (key, cost, recording),
+                _ => (key, cost, recording),
+            });
         }
-        // As the store sends them: a hot key's batch as the key once and a count of hits.
-        let (call_keys, args) = batch_call(sent.iter().map(|&(key, cost, recording)| {
+        // As the store sends them: a hot key's batch as the key once and a count of hits,
+        // many users' as distinct keys of one set.
+        let (call_keys, args) = distinct_batch_call(sent.iter().map(|&(key, cost, recording)| {
             (keys[key], lean(quotas[key], cost, recording).arguments())
         }));
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
+        distinct_calls += u64::from(args[0] == 0);
+        if users {
+            assert_eq!(
+                args[0], 0,
+                "batch {batch}: many users' hits go as distinct keys"
+            );
+        }
         let (reply, stored) =
             lean::run_and_read(&mut con, &source, (&call_keys, &args, now), &keys, |key| {
                 redis::cmd("GET").arg(key).clone()
@@ -182,4 +206,8 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     assert!(new_windows > 50, "only {new_windows} new 1 s windows");
     assert!(never > 20, "only {never} counted hits above their limit");
     assert!(one_key_calls > 50, "only {one_key_calls} calls of one key");
+    assert!(
+        distinct_calls > 200,
+        "only {distinct_calls} calls of distinct keys of one set"
+    );
 }

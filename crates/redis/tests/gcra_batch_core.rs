@@ -15,7 +15,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, gcra_batch_call, micro};
+use sluice_redis::script::{GCRA_BATCH_LUA, LeanGcra, distinct_batch_call, micro};
 use sluice_testkit::RedisServer;
 
 /// xorshift64*, so every run replays the same hits.
@@ -65,7 +65,7 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     let mut core: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut rng, mut now, mut hits, mut denied, mut repeats) = (0x5eed_u64, 1_000_000, 0, 0, 0);
     // Batches sent as one key with a count of hits, and as distinct keys of one set (see
-    // `gcra_batch_call`).
+    // `distinct_batch_call`).
     let (mut one_key_calls, mut distinct_calls) = (0u64, 0u64);
 
     for batch in 0..800 {
@@ -92,14 +92,17 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
                 _ => (keys[key], q, cost, recording),
             });
         }
-        let (call_keys, args) = gcra_batch_call(
+        let (call_keys, args) = distinct_batch_call(
             sent.iter()
                 .map(|&(key, q, cost, recording)| (key, lean_arguments(q, cost, recording))),
         );
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
         distinct_calls += u64::from(args[0] == 0);
         if users {
-            assert_eq!(args[0], 0, "batch {batch}: many users' hits go as distinct keys");
+            assert_eq!(
+                args[0], 0,
+                "batch {batch}: many users' hits go as distinct keys"
+            );
         }
         let (debts, stored) =
             lean::run_and_read(&mut con, &source, (&call_keys, &args, now), &keys, |key| {

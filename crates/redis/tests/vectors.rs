@@ -18,7 +18,7 @@ use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::{
     ALGORITHMS_LUA, FIXED_BATCH_LUA, GCRA_BATCH_LUA, LOG_BATCH_LUA, LeanFixed, LeanGcra, LeanLog,
     LeanRule, LeanSliding, RULE_BATCH_LUA, SLIDING_BATCH_LUA, TICK_NS, arguments, batch_arguments,
-    gcra_batch_call, rule_batch_call,
+    distinct_batch_call, rule_batch_call,
 };
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::{
@@ -44,11 +44,14 @@ enum Script {
     /// the script's one-integer reply.
     Lean,
     /// gcra_batch.lua again, each of those vectors alone in its call, as the store sends a
-    /// lone hit (`gcra_batch_call`): the script's loop for hits of one set on distinct keys.
+    /// lone hit (`distinct_batch_call`): the script's loop for hits of one set on distinct
+    /// keys.
     LeanAlone,
     /// fixed_batch.lua: the vectors of one fixed-window leaf without a penalty, the same way,
     /// the decision made from the script's two integers.
     LeanFixed,
+    /// fixed_batch.lua again, each of those vectors alone in its call, as `LeanAlone`.
+    LeanFixedAlone,
     /// sliding_batch.lua: the vectors of one sliding-window leaf without a penalty, the same
     /// way, the decision made from the script's three-integer verdict.
     LeanSliding,
@@ -116,6 +119,11 @@ fn lean_script_reproduces_every_single_leaf_gcra_vector() {
 #[test]
 fn lean_script_alone_reproduces_every_single_leaf_gcra_vector() {
     lean_script_reproduces_its_vectors(Script::LeanAlone, GCRA_BATCH_LUA, "GCRA", 30);
+}
+
+#[test]
+fn lean_fixed_window_script_alone_reproduces_every_single_leaf_fixed_window_vector() {
+    lean_script_reproduces_its_vectors(Script::LeanFixedAlone, FIXED_BATCH_LUA, "fixed-window", 20);
 }
 
 #[test]
@@ -239,8 +247,12 @@ fn check(
     };
     let lean = match kind {
         Script::Full => None,
-        Script::Lean | Script::LeanAlone => Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?)),
-        Script::LeanFixed => Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?)),
+        Script::Lean | Script::LeanAlone => {
+            Some(Lean::Gcra(LeanGcra::of(&hit).expect("arguments")?))
+        }
+        Script::LeanFixed | Script::LeanFixedAlone => {
+            Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?))
+        }
         Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
         Script::LeanLog => Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?)),
         Script::LeanRule => Some(Lean::Rule(LeanRule::of(&hit).expect("arguments")?)),
@@ -272,7 +284,7 @@ fn check(
     let mut args: Vec<String> = match lean.clone() {
         None => arguments(&hit, index as u64).expect("arguments"),
         Some(Lean::Gcra(lean)) if kind == Script::LeanAlone => {
-            let (_, args) = gcra_batch_call([(keys[0].as_str(), lean.arguments())]);
+            let (_, args) = distinct_batch_call([(keys[0].as_str(), lean.arguments())]);
             assert_eq!(args[0], 0, "a lone hit goes as distinct keys of one set");
             text(args)
         }
@@ -281,6 +293,11 @@ fn check(
             text(batch_arguments(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
+        }
+        Some(Lean::Fixed(lean)) if kind == Script::LeanFixedAlone => {
+            let (_, args) = distinct_batch_call([(keys[0].as_str(), lean.arguments())]);
+            assert_eq!(args[0], 0, "a lone hit goes as distinct keys of one set");
+            text(args)
         }
         Some(Lean::Fixed(lean)) => {
             let neighbour = LeanFixed::of(&neighbour_hit).unwrap().expect("a lean hit");
@@ -325,7 +342,8 @@ fn check(
         .map(String::as_str)
         .chain(penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
-    if kind != Script::LeanAlone
+    let alone = matches!(kind, Script::LeanAlone | Script::LeanFixedAlone);
+    if !alone
         && matches!(
             lean,
             Some(Lean::Gcra(_) | Lean::Fixed(_) | Lean::Sliding(_) | Lean::Log(_))
@@ -363,7 +381,7 @@ fn check(
                 Err(e) => return Some(vec![format!("decision from the debts: {e}")]),
             };
         }
-        Some(Lean::Gcra(lean)) if kind == Script::LeanAlone => {
+        Some(Lean::Gcra(lean)) if alone => {
             if reply.len() != 1 {
                 return Some(vec![format!("reply {reply:?}: expected one debt")]);
             }
@@ -382,6 +400,15 @@ fn check(
             reply = match lean.decision(reply[1]) {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the debt: {e}")]),
+            };
+        }
+        Some(Lean::Fixed(lean)) if alone => {
+            if reply.len() != 2 {
+                return Some(vec![format!("reply {reply:?}: expected two integers")]);
+            }
+            reply = match lean.decision(reply[0], reply[1]) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };
         }
         Some(Lean::Fixed(lean)) => {

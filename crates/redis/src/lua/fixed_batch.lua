@@ -12,6 +12,8 @@
 -- KEYS: one per hit, the leaf's key. ARGV: the number of parameter sets S, then S sets of
 -- four (cost, recording (0 admitted, 1 always, 2 never), limit, window length in ticks),
 -- then one per hit, in KEYS' order: the number of its set (from 1), left out when S is 1.
+-- When the hits share one set and no key is named twice (a lone hit, or a batch of many
+-- users' hits), S is sent as 0 and the set follows, one key per hit.
 -- Reply: two integers per hit: the count its window held before it (0 for a window that
 -- has passed), and the time from `now` to the window's end. The store turns them into the
 -- decision with the core's fixed window, which depends on `now` only through that time.
@@ -23,6 +25,44 @@
 local format = string.format
 -- KEYS and ARGV are globals: locals read them without a lookup by name, once per hit.
 local KEYS, ARGV = KEYS, ARGV
+-- Many users' hits (ARGV '0', then the one set): each key's final state is its one hit's,
+-- so it is written in the loop, with none of the tables below that find a key named again;
+-- the window, its end and the expiry are the set's, computed once, and the written state's
+-- text is made again only when its count changes. A count of 0 (a cost of 0 on a passed
+-- window) deletes the key, as fixed.save does. benches/lua_instructions.sh, 2,000 calls of
+-- 16 keys among 1,000,000: 19,327 instructions a hit through this loop, 29,845 through the
+-- general one.
+if ARGV[1] == '0' then
+  local call, match = redis.call, string.match
+  local cost, recording, limit, length = ARGV[2] + 0, ARGV[3], ARGV[4] + 0, ARGV[5] + 0
+  local current = (now - now % length) / length
+  local ends, cap = (current + 1) * length - now, limit * 2
+  local admitted, always = recording == '0', recording == '1'
+  local left = ends + 999
+  local ms = format('%d', (left - left % 1000) / 1000)
+  local read = call('MGET', unpack(KEYS))
+  local out, last, text = {}, nil, nil
+  for i = 1, #KEYS do
+    local used = 0
+    local raw = read[i]
+    if raw then
+      local w, c = match(raw, '^(%d+):(%d+)$')
+      if w and w + 0 == current then used = c + 0 end
+    end
+    if (admitted and used + cost <= limit) or (always and cost <= limit) then
+      local total = used + cost
+      if total > cap then total = cap end
+      if total > 0 then
+        if total ~= last then last, text = total, format('%d:%d', current, total) end
+        call('SET', KEYS[i], text, 'PX', ms)
+      else
+        call('DEL', KEYS[i])
+      end
+    end
+    out[2 * i - 1], out[2 * i] = used, ends
+  end
+  return out
+end
 local sets = tonumber(ARGV[1])
 local params = {}
 for s = 1, sets do
