@@ -20,10 +20,10 @@
 # or `and`, a login form's penalty), "full-or-shared full-fixed-or-shared
 # full-sliding-or-shared full-log-or-shared full-login-flood" the same rules through the
 # whole script.
-# "rate-many" sends its 16 distinct keys as the store does (one set, no key twice: the
-# script's loop for many users); "rate-many-general" the same hits through the script's
-# general loop, and "floor-many" only each key's share of an MGET and its SET with an
-# expiry, nothing decided: what no script can spare.
+# "rate-many" and "fixed-many" send their 16 distinct keys as the store does (one set, no
+# key twice: the script's loop for many users); "rate-many-general" and "fixed-many-general"
+# the same hits through the script's general loop, and "floor-many" only each key's share
+# of an MGET and its SET with an expiry, nothing decided: what no script can spare.
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
