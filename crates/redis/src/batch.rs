@@ -350,7 +350,7 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         let queue = &self.queues().sliding;
         let verdict = self
-            .lean_reply(queue, hit, lean.arguments(), &SLIDING_BATCH, (false, false))
+            .lean_reply(queue, hit, lean.arguments(), &SLIDING_BATCH, (false, true))
             .await?;
         lean.decision(verdict)
     }

@@ -4,7 +4,9 @@
 //! shared by two quotas of different sub-window counts) must answer exactly as sluice-core's
 //! sliding window deciding them one after the other at the batch's `now`, leave each key
 //! holding the core's state, and give a written key the expiry the core gives its state
-//! (the script writes a key once per batch, after its last hit).
+//! (the script writes a key once per batch, after its last hit). Batches of many users'
+//! hits (one parameter set, no key twice) take the script's own loop for them, and are
+//! checked the same way.
 
 #[path = "lean/run.rs"]
 mod lean;
@@ -15,7 +17,7 @@ use sluice_core::{
     Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, State, Unit, evaluate,
 };
 use sluice_limiter::{Hit, Identifier};
-use sluice_redis::script::{LeanSliding, SLIDING_BATCH_LUA, batch_call, micro};
+use sluice_redis::script::{LeanSliding, SLIDING_BATCH_LUA, distinct_batch_call, micro};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
@@ -74,31 +76,39 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
 
     // The last two share key k3 with different sub-window counts: each takes the other's
     // state as fresh. The 2-a-second ones often see a cost above their limit.
-    let quotas = [
+    // Hits on their own pick among those five; a batch of many users picks distinct keys
+    // among the eight after them, which share one quota (2 a second, in 4 sub-windows).
+    let mut quotas = vec![
         quota(5, 1, 4),
         quota(3, 60, 10),
         quota(100, 10, 1),
         quota(2, 1, 3),
         quota(2, 1, 5),
     ];
-    let key_of = [0, 1, 2, 3, 3];
+    quotas.extend([quota(2, 1, 4); 8]);
+    let key_of = [0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11];
     // The core decides in the script's unit, microseconds.
     let micros: Vec<Quota> = quotas.iter().map(|q| micro(q).unwrap()).collect();
     let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
-    let keys = ["k0", "k1", "k2", "k3"];
+    let keys = [
+        "k0", "k1", "k2", "k3", "u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7",
+    ];
+    // Each key fresh, held by the first quota on it.
     let mut core: BTreeMap<&str, (usize, State)> = keys
         .iter()
-        .zip(&micros)
         .enumerate()
-        .map(|(i, (key, q))| (*key, (i, q.fresh_state())))
+        .map(|(k, key)| {
+            let which = key_of.iter().position(|&of| of == k).unwrap();
+            (*key, (which, micros[which].fresh_state()))
+        })
         .collect();
     // Seeded, so every run replays the same hits.
     let mut rng = Rng(0x51d3);
     let (mut now, mut hits, mut denied, mut repeats) = (1_000_000, 0, 0, 0);
     let (mut never, mut switched, mut retries, mut back) = (0u64, 0u64, 0u64, 0u64);
-    let mut one_key_calls = 0u64;
+    let (mut one_key_calls, mut distinct_calls) = (0u64, 0u64);
 
-    for batch in 0..400 {
+    for batch in 0..800 {
         // Time moves by up to 0.4 s between batches: sub-windows of 0.2-0.33 s end often,
         // whole 1 s windows now and then. One batch in ten steps back up to 0.6 s, as
         // Redis's clock can after a failover: a state's newest sub-window is then ahead.
@@ -110,23 +120,39 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
         }
         let size = 1 + (rng.next_u64() % 12) as usize;
         let mut sent = Vec::new();
-        // One batch in four is a hot key's: every hit the same key, cost and recording.
-        let hot = batch % 4 == 0;
-        for _ in 0..size {
-            let which = (rng.next_u64() % quotas.len() as u64) as usize;
+        // One batch in four is a hot key's: every hit the same key, cost and recording. One
+        // in four is many users': every hit the first's cost and recording, each on a key of
+        // its own.
+        let (hot, users) = (batch % 4 == 0, batch % 4 == 1);
+        let mut free: Vec<usize> = (5..quotas.len()).collect();
+        for _ in 0..if users { size.min(free.len()) } else { size } {
+            let mut which = (rng.next_u64() % 5) as usize;
+            if users {
+                which = free.swap_remove((rng.next_u64() % free.len() as u64) as usize);
+            }
             let cost = [1, 1, 1, 2, 0, 4][(rng.next_u64() % 6) as usize];
             let recording = recordings[[0, 0, 0, 0, 1, 2][(rng.next_u64() % 6) as usize]];
-            match sent.first() {
-                Some(&first) if hot => sent.push(first),
-                _ => sent.push((which, cost, recording)),
-            }
+            sent.push(match sent.first() {
+                Some(&first) if hot => first,
+                Some(&(_, cost, recording)) if users => (which, cost, recording),
+                _ => (which, cost, recording),
+            });
         }
-        // As the store sends them: a hot key's batch as the key once and a count of hits.
-        let (call_keys, args) = batch_call(sent.iter().map(|&(which, cost, recording)| {
-            let arguments = lean(quotas[which], cost, recording).arguments();
-            (keys[key_of[which]], arguments)
-        }));
+        // As the store sends them: a hot key's batch as the key once and a count of hits,
+        // many users' as distinct keys of one set.
+        let (call_keys, args) =
+            distinct_batch_call(sent.iter().map(|&(which, cost, recording)| {
+                let arguments = lean(quotas[which], cost, recording).arguments();
+                (keys[key_of[which]], arguments)
+            }));
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
+        distinct_calls += u64::from(args[0] == 0);
+        if users {
+            assert_eq!(
+                args[0], 0,
+                "batch {batch}: many users' hits go as distinct keys"
+            );
+        }
         let (reply, stored) =
             lean::run_and_read(&mut con, &source, (&call_keys, &args, now), &keys, |key| {
                 redis::cmd("EVAL").arg(READ).arg(1).arg(key).clone()
@@ -233,6 +259,10 @@ fn batches_with_repeated_keys_decide_and_store_as_the_core() {
     assert!(never > 20, "only {never} counted hits above their limit");
     assert!(back >= 40, "time stepped back only {back} times");
     assert!(one_key_calls > 50, "only {one_key_calls} calls of one key");
+    assert!(
+        distinct_calls > 200,
+        "only {distinct_calls} calls of distinct keys of one set"
+    );
 }
 
 /// A reply no verdict of the quota can give (a wrong script, a wrong server) is an error,

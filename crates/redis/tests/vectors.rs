@@ -55,6 +55,8 @@ enum Script {
     /// sliding_batch.lua: the vectors of one sliding-window leaf without a penalty, the same
     /// way, the decision made from the script's three-integer verdict.
     LeanSliding,
+    /// sliding_batch.lua again, each of those vectors alone in its call, as `LeanAlone`.
+    LeanSlidingAlone,
     /// log_batch.lua: the vectors of one sliding-log leaf without a penalty, the same way
     /// (a token for the call's members last but one), the decision made from the script's
     /// three-integer verdict.
@@ -136,6 +138,16 @@ fn lean_rule_script_reproduces_every_vector() {
     // Every vector: GCRA, fixed-window, sliding-window and sliding-log leaves, alone or in
     // any `or` and `and` tree, with a penalty or not.
     lean_script_reproduces_its_vectors(Script::LeanRule, RULE_BATCH_LUA, "rule", 500);
+}
+
+#[test]
+fn lean_sliding_window_script_alone_reproduces_every_single_leaf_sliding_window_vector() {
+    lean_script_reproduces_its_vectors(
+        Script::LeanSlidingAlone,
+        SLIDING_BATCH_LUA,
+        "sliding-window",
+        20,
+    );
 }
 
 #[test]
@@ -253,7 +265,9 @@ fn check(
         Script::LeanFixed | Script::LeanFixedAlone => {
             Some(Lean::Fixed(LeanFixed::of(&hit).expect("arguments")?))
         }
-        Script::LeanSliding => Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?)),
+        Script::LeanSliding | Script::LeanSlidingAlone => {
+            Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?))
+        }
         Script::LeanLog => Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?)),
         Script::LeanRule => Some(Lean::Rule(LeanRule::of(&hit).expect("arguments")?)),
     };
@@ -305,6 +319,11 @@ fn check(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
         }
+        Some(Lean::Sliding(lean)) if kind == Script::LeanSlidingAlone => {
+            let (_, args) = distinct_batch_call([(keys[0].as_str(), lean.arguments())]);
+            assert_eq!(args[0], 0, "a lone hit goes as distinct keys of one set");
+            text(args)
+        }
         Some(Lean::Sliding(lean)) => {
             let neighbour = LeanSliding::of(&neighbour_hit)
                 .unwrap()
@@ -342,7 +361,10 @@ fn check(
         .map(String::as_str)
         .chain(penalty.is_some().then_some(penalty_key.as_str()))
         .collect();
-    let alone = matches!(kind, Script::LeanAlone | Script::LeanFixedAlone);
+    let alone = matches!(
+        kind,
+        Script::LeanAlone | Script::LeanFixedAlone | Script::LeanSlidingAlone
+    );
     if !alone
         && matches!(
             lean,
@@ -419,6 +441,15 @@ fn check(
                 )]);
             }
             reply = match lean.decision(reply[2], reply[3]) {
+                Ok(decision) => decision_reply(&decision),
+                Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
+            };
+        }
+        Some(Lean::Sliding(lean)) if alone => {
+            if reply.len() != 3 {
+                return Some(vec![format!("reply {reply:?}: expected one verdict")]);
+            }
+            reply = match lean.decision([reply[0], reply[1], reply[2]]) {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };

@@ -44,11 +44,10 @@ local KEYS, ARGV = KEYS, ARGV
 -- table itself, each read replaced by its debt. The arithmetic is the loop's below, with
 -- the set's own terms computed once (`limit`: the most debt an admitted hit may find), and
 -- a missing key, the usual one among many users, skips it: debt 0 and, when it records,
--- the TAT `fresh`. A key deleted because its TAT is not later than now (`DEL`) is one that
--- exists: a missing key has nothing to delete. Numbers come from strings by arithmetic
--- (`+ 0`), not tonumber, and the last written TAT's strings are kept in locals, not in
--- `decimal`'s table. benches/lua_instructions.sh, 2,000 calls of 16 keys among 1,000,000:
--- 26,297 instructions a hit through the loop below, 20,863 through this one (20,320 for
+-- the TAT `fresh`. Numbers come from strings by arithmetic (`+ 0`), not tonumber, and the
+-- last written TAT's strings are kept in locals, not in `decimal`'s table.
+-- benches/lua_instructions.sh, 2,000 calls of 16 keys among 1,000,000: 25,891
+-- instructions a hit through the loop below, 20,076 through this one (20,121 for
 -- redis-cell's CL.THROTTLE in the same run); a local function for the two writes cost 543
 -- a hit more, so they are written out twice.
 if ARGV[1] == '0' then
@@ -57,10 +56,13 @@ if ARGV[1] == '0' then
   local tau, inc = ARGV[5] * interval, cost * interval
   local cap, limit = now + tau + ARGV[6], tau - inc
   local records, always = recording ~= '2' and inc <= tau, recording == '1'
-  -- A missing key: debt 0, recorded as now + inc (at most cap), written when later than now.
+  -- A missing key: debt 0, recorded as now + inc (at most cap), written when later than now
+  -- and deleted otherwise (MGET reads a key of another type as missing, and the general
+  -- loop deletes it then).
   local fresh = now + inc
   if fresh > cap then fresh = cap end
-  local writes = records and (always or 0 <= limit) and fresh > now
+  local records_fresh = records and (always or 0 <= limit)
+  local writes, deletes = records_fresh and fresh > now, records_fresh and fresh <= now
   local read = call('MGET', unpack(KEYS))
   local last, text, ms
   for i = 1, #KEYS do
@@ -86,7 +88,9 @@ if ARGV[1] == '0' then
       end
       read[i] = debt
     else
-      if writes then
+      if deletes then
+        call('DEL', KEYS[i])
+      elseif writes then
         if fresh ~= last then
           local left = fresh - now + 999
           last, text, ms = fresh, format('%d', fresh), format('%d', (left - left % 1000) / 1000)
