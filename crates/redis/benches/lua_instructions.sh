@@ -20,9 +20,9 @@
 # or `and`, a login form's penalty), "full-or-shared full-fixed-or-shared
 # full-sliding-or-shared full-log-or-shared full-login-flood" the same rules through the
 # whole script.
-# "rate-many", "fixed-many" and "sliding-many" send their 16 distinct keys as the store
-# does (one set, no key twice: the script's loop for many users); "rate-many-general",
-# "fixed-many-general" and "sliding-many-general" the same hits through the general loop, and "floor-many" only each key's share
+# "rate-many", "fixed-many", "sliding-many" and "log-many" send their 16 distinct keys as
+# the store does (one set, no key twice: the script's loop for many users); the same names
+# ending in "-general" send the same hits through the script's general loop, and "floor-many" only each key's share
 # of an MGET and its SET with an expiry, nothing decided: what no script can spare.
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the

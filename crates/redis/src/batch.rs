@@ -364,7 +364,7 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         let queue = &self.queues().log;
         let verdict = self
-            .lean_reply(queue, hit, lean.arguments(), &LOG_BATCH, (true, false))
+            .lean_reply(queue, hit, lean.arguments(), &LOG_BATCH, (true, true))
             .await?;
         lean.decision(verdict)
     }

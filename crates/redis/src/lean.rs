@@ -291,16 +291,18 @@ pub fn batch_call<'k, const N: usize>(
 }
 
 /// KEYS and ARGV for a lean script with a loop of its own for many users' hits
-/// ([`GCRA_BATCH`], [`FIXED_BATCH`], [`SLIDING_BATCH`]) deciding `hits` in order: as
-/// [`batch_call`], except that hits of one parameter set whose keys are all distinct (a
-/// lone hit, or a batch of many users' hits) send 0 for the number of sets, which takes
-/// that loop: no table to find a key named again, each key written as it is decided
-/// (`src/lua/gcra_batch.lua`; on many keys a fifth fewer Redis instructions a hit for GCRA,
-/// a third for fixed windows, a half for sliding windows).
+/// ([`GCRA_BATCH`], [`FIXED_BATCH`], [`SLIDING_BATCH`], [`LOG_BATCH`]) deciding `hits` in
+/// order: as [`batch_call`], except that hits of one parameter set whose keys are all
+/// distinct (a lone hit, or a batch of many users' hits) send 0 for the number of sets,
+/// which takes that loop: no table to find a key named again, each key written as it is
+/// decided (`src/lua/gcra_batch.lua`; on many keys a fifth fewer Redis instructions a hit
+/// for GCRA, a third for fixed windows, a half for sliding windows, a sixth for sliding
+/// logs).
 ///
 /// [`GCRA_BATCH`]: crate::script::GCRA_BATCH
 /// [`FIXED_BATCH`]: crate::script::FIXED_BATCH
 /// [`SLIDING_BATCH`]: crate::script::SLIDING_BATCH
+/// [`LOG_BATCH`]: crate::script::LOG_BATCH
 pub fn distinct_batch_call<'k, const N: usize>(
     hits: impl IntoIterator<Item = (&'k str, [u64; N])>,
 ) -> (Vec<&'k str>, Vec<u64>) {

@@ -3,7 +3,9 @@
 //! above what is left or above the limit, hits counted when denied or never counted, one key
 //! shared by two quotas of different windows, a hot key's batch sent as the key once) must
 //! answer as the full script deciding them one after the other at the same `now`, and leave
-//! each key holding the same log (its members' times) with the same expiry.
+//! each key holding the same log (its members' times) with the same expiry. Batches of many
+//! users' hits (one parameter set, no key twice) take the lean script's own loop for them,
+//! and are checked the same way.
 //!
 //! The full script is the reference here, not the core: the shared vectors check both
 //! scripts against the core, and where Redis's clock steps back (after a failover; one batch
@@ -17,7 +19,9 @@ use redis::Value;
 use sluice_core::{Algorithm, Evaluation, Leaf, Quota, Rate, Recording, Shape, Span, Unit};
 use sluice_limiter::{Hit, Identifier};
 use sluice_redis::script::decision as full_decision;
-use sluice_redis::script::{ALGORITHMS_LUA, LOG_BATCH_LUA, LeanLog, arguments, batch_call};
+use sluice_redis::script::{
+    ALGORITHMS_LUA, LOG_BATCH_LUA, LeanLog, arguments, distinct_batch_call,
+};
 use sluice_testkit::RedisServer;
 use sluice_testkit::vectors::Rng;
 
@@ -90,23 +94,29 @@ fn batches_decide_and_store_as_the_full_script() {
 
     // The last two share key k3 with windows of 1 s and 2 s. The 2-a-second ones often see
     // a cost above their limit.
-    let quotas = [
+    // Hits on their own pick among those five; a batch of many users picks distinct keys
+    // among the eight after them, which share one quota (2 a second).
+    let mut quotas = vec![
         quota(5, 1),
         quota(3, 60),
         quota(40, 10),
         quota(2, 1),
         quota(3, 2),
     ];
-    let key_of = [0, 1, 2, 3, 3];
-    let names = ["k0", "k1", "k2", "k3"];
+    quotas.extend([quota(2, 1); 8]);
+    let key_of = [0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+    let names = [
+        "k0", "k1", "k2", "k3", "u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7",
+    ];
     let recordings = [Recording::Admitted, Recording::Always, Recording::Never];
     // Seeded, so every run replays the same hits.
     let mut rng = Rng(0x109b);
     let (mut now, mut hits, mut denied, mut retries) = (1_000_000u64, 0u64, 0u64, 0u64);
     let (mut never, mut switched, mut back, mut one_key_calls) = (0u64, 0u64, 0u64, 0u64);
-    let mut last_window = [usize::MAX; 4];
+    let mut last_window = [usize::MAX; 12];
+    let mut distinct_calls = 0u64;
 
-    for batch in 0..400u64 {
+    for batch in 0..600u64 {
         // Time moves by up to 0.4 s between batches; one batch in ten steps back up to
         // 0.6 s, as Redis's clock can after a failover.
         if batch % 10 == 7 {
@@ -116,26 +126,42 @@ fn batches_decide_and_store_as_the_full_script() {
             now += rng.next_u64() % 400_000;
         }
         let size = 1 + (rng.next_u64() % 12) as usize;
-        let hot = batch % 4 == 0;
+        // One batch in four is a hot key's: every hit the same key, cost and recording. One
+        // in four is many users': every hit the first's cost and recording, each on a key of
+        // its own.
+        let (hot, users) = (batch % 4 == 0, batch % 4 == 1);
+        let mut free: Vec<usize> = (5..quotas.len()).collect();
         let mut sent: Vec<(usize, u64, Recording)> = Vec::new();
-        for _ in 0..size {
-            let which = (rng.next_u64() % quotas.len() as u64) as usize;
+        for _ in 0..if users { size.min(free.len()) } else { size } {
+            let mut which = (rng.next_u64() % 5) as usize;
+            if users {
+                which = free.swap_remove((rng.next_u64() % free.len() as u64) as usize);
+            }
             let cost = [1, 1, 1, 2, 0, 4][(rng.next_u64() % 6) as usize];
             let recording = recordings[[0, 0, 0, 0, 1, 2][(rng.next_u64() % 6) as usize]];
-            match sent.first() {
-                Some(&first) if hot => sent.push(first),
-                _ => sent.push((which, cost, recording)),
-            }
+            sent.push(match sent.first() {
+                Some(&first) if hot => first,
+                Some(&(_, cost, recording)) if users => (which, cost, recording),
+                _ => (which, cost, recording),
+            });
         }
         let lean_keys: Vec<String> = names.iter().map(|k| format!("lean:{k}")).collect();
         let full_keys: Vec<String> = names.iter().map(|k| format!("full:{k}")).collect();
-        // As the store sends them (a hot key's batch as the key once and a count of hits),
-        // then the call's token.
-        let (call_keys, mut args) = batch_call(sent.iter().map(|&(which, cost, recording)| {
-            let arguments = lean_of(quotas[which], cost, recording).arguments();
-            (lean_keys[key_of[which]].as_str(), arguments)
-        }));
+        // As the store sends them (a hot key's batch as the key once and a count of hits,
+        // many users' as distinct keys of one set), then the call's token.
+        let (call_keys, mut args) =
+            distinct_batch_call(sent.iter().map(|&(which, cost, recording)| {
+                let arguments = lean_of(quotas[which], cost, recording).arguments();
+                (lean_keys[key_of[which]].as_str(), arguments)
+            }));
         one_key_calls += u64::from(call_keys.len() == 1 && sent.len() > 1);
+        distinct_calls += u64::from(args[0] == 0);
+        if users {
+            assert_eq!(
+                args[0], 0,
+                "batch {batch}: many users' hits go as distinct keys"
+            );
+        }
         args.push(batch);
 
         // The lean call, the full script's calls and the read-back in one transaction. Each
@@ -200,7 +226,8 @@ fn batches_decide_and_store_as_the_full_script() {
             })
             .collect();
         for (k, name) in names.iter().enumerate() {
-            let ((lean_log, lean_expiry), (full_log, full_expiry)) = (&logs[k], &logs[4 + k]);
+            let ((lean_log, lean_expiry), (full_log, full_expiry)) =
+                (&logs[k], &logs[names.len() + k]);
             assert_eq!(
                 lean_log, full_log,
                 "batch {batch}: {name}'s log, lean then full"
@@ -219,6 +246,10 @@ fn batches_decide_and_store_as_the_full_script() {
     assert!(never > 20, "only {never} counted hits above their limit");
     assert!(back >= 40, "time stepped back only {back} times");
     assert!(one_key_calls > 50, "only {one_key_calls} calls of one key");
+    assert!(
+        distinct_calls > 150,
+        "only {distinct_calls} calls of distinct keys of one set"
+    );
 }
 
 /// A reply no verdict of the quota can give (a wrong script, a wrong server) is an error,

@@ -61,6 +61,8 @@ enum Script {
     /// (a token for the call's members last but one), the decision made from the script's
     /// three-integer verdict.
     LeanLog,
+    /// log_batch.lua again, each of those vectors alone in its call, as `LeanAlone`.
+    LeanLogAlone,
     /// rule_batch.lua: the vectors of one GCRA, fixed-window or sliding-window leaf or a
     /// tree of `or` and `and` over such leaves, with or without a penalty, each hit alone in its call, the decision made from the script's
     /// debt per leaf and the penalty record the hit found.
@@ -158,6 +160,11 @@ fn lean_sliding_window_script_reproduces_every_single_leaf_sliding_window_vector
         "sliding-window",
         20,
     );
+}
+
+#[test]
+fn lean_sliding_log_script_alone_reproduces_every_single_leaf_sliding_log_vector() {
+    lean_script_reproduces_its_vectors(Script::LeanLogAlone, LOG_BATCH_LUA, "sliding-log", 20);
 }
 
 #[test]
@@ -268,7 +275,9 @@ fn check(
         Script::LeanSliding | Script::LeanSlidingAlone => {
             Some(Lean::Sliding(LeanSliding::of(&hit).expect("arguments")?))
         }
-        Script::LeanLog => Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?)),
+        Script::LeanLog | Script::LeanLogAlone => {
+            Some(Lean::Log(LeanLog::of(&hit).expect("arguments")?))
+        }
         Script::LeanRule => Some(Lean::Rule(LeanRule::of(&hit).expect("arguments")?)),
     };
     // The batch's neighbours: fresh keys, admitted (nothing used before them) by a quota of
@@ -332,6 +341,13 @@ fn check(
                 [neighbour, lean, neighbour].map(|hit| hit.arguments()),
             ))
         }
+        Some(Lean::Log(lean)) if kind == Script::LeanLogAlone => {
+            let (_, args) = distinct_batch_call([(keys[0].as_str(), lean.arguments())]);
+            assert_eq!(args[0], 0, "a lone hit goes as distinct keys of one set");
+            let mut args: Vec<String> = text(args);
+            args.push(format!("t{index}"));
+            args
+        }
         Some(Lean::Log(lean)) => {
             let neighbour = LeanLog::of(&neighbour_hit).unwrap().expect("a lean hit");
             let mut args: Vec<String> = text(batch_arguments(
@@ -363,7 +379,10 @@ fn check(
         .collect();
     let alone = matches!(
         kind,
-        Script::LeanAlone | Script::LeanFixedAlone | Script::LeanSlidingAlone
+        Script::LeanAlone
+            | Script::LeanFixedAlone
+            | Script::LeanSlidingAlone
+            | Script::LeanLogAlone
     );
     if !alone
         && matches!(
@@ -445,11 +464,17 @@ fn check(
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };
         }
-        Some(Lean::Sliding(lean)) if alone => {
+        Some(lean @ (Lean::Sliding(_) | Lean::Log(_))) if alone => {
             if reply.len() != 3 {
                 return Some(vec![format!("reply {reply:?}: expected one verdict")]);
             }
-            reply = match lean.decision([reply[0], reply[1], reply[2]]) {
+            let verdict = [reply[0], reply[1], reply[2]];
+            let decision = match lean {
+                Lean::Sliding(lean) => lean.decision(verdict),
+                Lean::Log(lean) => lean.decision(verdict),
+                _ => unreachable!("matched above"),
+            };
+            reply = match decision {
                 Ok(decision) => decision_reply(&decision),
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };

@@ -24,7 +24,9 @@
 -- four (cost, recording (0 admitted, 1 always, 2 never), limit, window in ticks), then one
 -- per hit, in KEYS' order: the number of its set (from 1), left out when S is 1; when S is
 -- 1 and every hit names one key (a limit every caller hits), KEYS holds that key once and
--- the number of hits follows the set. Last, a token unique to the call: each member is
+-- the number of hits follows the set; when the hits share one set and no key is named twice
+-- (a lone hit, or a batch of many users' hits), S is sent as 0 and the set follows, one key
+-- per hit. Last, a token unique to the call: each member is
 -- "<time>:<token>:<n>", n counting the call's members, so no two members of any call, from
 -- any server, are ever the same (a member written twice would count once, and the log would
 -- admit more than its limit).
@@ -91,6 +93,83 @@ local function verdict(key, used, top, limit, window, cost)
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
   return remaining, reset_at - now, retry
+end
+
+-- Many users' hits (ARGV '0', then the one set): no key is named twice, so what the loop
+-- below keeps in tables for a key's later hits (its count, newest score, whether its
+-- expired members went, its denial's wait, its expiry) lives in locals for its one hit,
+-- and its expiry is set as it is decided. The window's bound and the expiry of a log whose
+-- newest member is `now` are made once a call. benches/lua_instructions.sh, 2,000 calls of
+-- 16 keys among 1,000,000: 38,095 instructions a hit through this loop, 47,037 through the
+-- general one, whose steps it repeats written out (a local function a step costs a few
+-- percent a hit: see sliding_batch.lua).
+if sets == 0 then
+  local call = redis.call
+  local cost, recording, limit, window = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
+  local from = now - window
+  local after, upto = '(' .. format('%d', from), format('%d', from)
+  local left = window + 999
+  local fresh_ms = format('%d', (left - left % 1000) / 1000)
+  local units = cost
+  if units > limit then units = limit end
+  local out = {}
+  for i = 1, #KEYS do
+    local key = KEYS[i]
+    local used, top = 0, call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
+    if top then
+      top = tonumber(top)
+      if top > from then used = call('ZCOUNT', key, after, '+inf') end
+    end
+    local remaining, reset_after, retry = verdict(key, used, top, limit, window, cost)
+    if (recording == 0 and retry == -1) or (recording == 1 and retry ~= -2) then
+      if top then call('ZREMRANGEBYSCORE', key, '-inf', upto) end
+      if used == 0 then top = nil end
+      if units > 0 then
+        local added = 0
+        if units == 1 then
+          serial = serial + 1
+          added = call('ZADD', key, stamp, stamp .. ':' .. token .. ':' .. serial)
+        else
+          local args = {}
+          for _ = 1, units do
+            serial = serial + 1
+            args[#args + 1] = stamp
+            args[#args + 1] = stamp .. ':' .. token .. ':' .. serial
+            if #args >= 2000 then
+              added = added + call('ZADD', key, unpack(args))
+              args = {}
+            end
+          end
+          if #args > 0 then added = added + call('ZADD', key, unpack(args)) end
+        end
+        used = used + added
+        if used > limit then
+          call('ZREMRANGEBYRANK', key, 0, used - limit - 1)
+          used = limit
+        end
+        if top == nil or top < now then top = now end
+      end
+      kths[key] = nil
+      if retry ~= -1 then
+        local r2, a2, t2 = verdict(key, used, top, limit, window, cost)
+        if t2 ~= -1 then remaining, reset_after, retry = r2, a2, t2 end
+      end
+      -- log.save
+      if top then
+        local expires_at = top + window
+        if expires_at <= now then
+          call('DEL', key)
+        elseif top == now then
+          call('PEXPIRE', key, fresh_ms)
+        else
+          local left = expires_at - now + 999
+          call('PEXPIRE', key, format('%d', (left - left % 1000) / 1000))
+        end
+      end
+    end
+    out[3 * i - 2], out[3 * i - 1], out[3 * i] = remaining, reset_after, retry
+  end
+  return out
 end
 
 local out = {}
