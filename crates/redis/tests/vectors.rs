@@ -464,34 +464,26 @@ fn check(
                 Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
             };
         }
-        Some(lean @ (Lean::Sliding(_) | Lean::Log(_))) if alone => {
-            if reply.len() != 3 {
-                return Some(vec![format!("reply {reply:?}: expected one verdict")]);
-            }
-            let verdict = [reply[0], reply[1], reply[2]];
-            let decision = match lean {
-                Lean::Sliding(lean) => lean.decision(verdict),
-                Lean::Log(lean) => lean.decision(verdict),
-                _ => unreachable!("matched above"),
-            };
-            reply = match decision {
-                Ok(decision) => decision_reply(&decision),
-                Err(e) => return Some(vec![format!("decision from the reply: {e}")]),
-            };
-        }
         Some(lean @ (Lean::Sliding(_) | Lean::Log(_))) => {
-            // A verdict per hit of the batch; the neighbours' keys were fresh, so each was
-            // admitted with 4 of its 5 left.
-            if reply.len() != 9
-                || reply[0] != 4
-                || reply[2] != -1
-                || reply[6..] != [4, reply[7], -1]
-            {
-                return Some(vec![format!(
-                    "batch reply {reply:?}: expected 3 verdicts, admitted around"
-                )]);
-            }
-            let verdict = [reply[3], reply[4], reply[5]];
+            // Alone, one verdict. In a batch, a verdict per hit; the neighbours' keys were
+            // fresh, so each was admitted with 4 of its 5 left.
+            let verdict = if alone {
+                if reply.len() != 3 {
+                    return Some(vec![format!("reply {reply:?}: expected one verdict")]);
+                }
+                [reply[0], reply[1], reply[2]]
+            } else {
+                if reply.len() != 9
+                    || reply[0] != 4
+                    || reply[2] != -1
+                    || reply[6..] != [4, reply[7], -1]
+                {
+                    return Some(vec![format!(
+                        "batch reply {reply:?}: expected 3 verdicts, admitted around"
+                    )]);
+                }
+                [reply[3], reply[4], reply[5]]
+            };
             let decision = match lean {
                 Lean::Sliding(lean) => lean.decision(verdict),
                 Lean::Log(lean) => lean.decision(verdict),
