@@ -260,10 +260,10 @@ elif scenario.startswith("log"):
 
 elif scenario == "floor-many":
     # What a batched GCRA hit cannot do without on 1,000,000 keys: each key's share of one
-    # MGET and its SET with an expiry, nothing decided, the same value for every key.
+    # MGET and its PSETEX (a SET with an expiry), nothing decided, the same value for every key.
     sha = client.script_load(
         "redis.call('MGET', unpack(KEYS))\n"
-        "for i = 1, #KEYS do redis.call('SET', KEYS[i], '1700000000000001', 'PX', '1') end\n"
+        "for i = 1, #KEYS do redis.call('PSETEX', KEYS[i], '1', '1700000000000001') end\n"
         "return 0"
     )
 

@@ -54,7 +54,7 @@ if ARGV[1] == '0' then
       if total > cap then total = cap end
       if total > 0 then
         if total ~= last then last, text = total, format('%d:%d', current, total) end
-        call('SET', KEYS[i], text, 'PX', ms)
+        call('PSETEX', KEYS[i], ms, text)
       else
         call('DEL', KEYS[i])
       end
@@ -125,8 +125,8 @@ for j = 1, #order do
     redis.call('DEL', key)
   else
     local left = expires_at - now + 999
-    redis.call('SET', key, format('%d:%d', windows[key], count), 'PX',
-      format('%d', (left - left % 1000) / 1000))
+    local ms = format('%d', (left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, format('%d:%d', windows[key], count))
   end
 end
 return out

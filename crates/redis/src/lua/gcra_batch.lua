@@ -4,10 +4,15 @@
 --
 -- The same writes as algorithms.lua's `run` for that shape (gcra.verdict, gcra.record,
 -- gcra.save), line for line, checked against the same vectors, without the library: no
--- function or table built per call but the reply, no rule tree, one `SET ... PX` per key
--- written. A key named by several hits of the batch is written once, after the last of them:
--- each hit reads what the one before it recorded (`written`), and nothing else runs between
--- them, so only the final state and its expiry can ever be seen.
+-- function or table built per call but the reply, no rule tree, one `PSETEX` per key
+-- written. `PSETEX key ms value` is `SET key value PX ms` with one argument fewer for Lua to
+-- turn into a Redis string and no options for Redis to parse: 2.6% fewer instructions a hit
+-- on 1,000,000 keys (lua_instructions.sh, rate-many). Redis's documentation calls it
+-- deprecated in favour of SET's options, which in Redis removes nothing: it stays a command.
+-- The other batch scripts write their states the same way.
+-- A key named by several hits of the batch is written once, after the last of them: each hit
+-- reads what the one before it recorded (`written`), and nothing else runs between them, so
+-- only the final state and its expiry can ever be seen.
 -- `now` (integer microseconds) is defined by the entry before this text (redis_now.lua, or
 -- the tests' `now`).
 --
@@ -83,7 +88,7 @@ if ARGV[1] == '0' then
             local left = recorded - now + 999
             last, text, ms = recorded, format('%d', recorded), format('%d', (left - left % 1000) / 1000)
           end
-          call('SET', KEYS[i], text, 'PX', ms)
+          call('PSETEX', KEYS[i], ms, text)
         end
       end
       read[i] = debt
@@ -95,7 +100,7 @@ if ARGV[1] == '0' then
           local left = fresh - now + 999
           last, text, ms = fresh, format('%d', fresh), format('%d', (left - left % 1000) / 1000)
         end
-        call('SET', KEYS[i], text, 'PX', ms)
+        call('PSETEX', KEYS[i], ms, text)
       end
       read[i] = 0
     end
@@ -168,7 +173,8 @@ for j = 1, #order do
   else
     -- floor((recorded - now + 999) / 1000) milliseconds: at least 1, as recorded > now.
     local left = recorded - now + 999
-    redis.call('SET', key, decimal(recorded), 'PX', decimal((left - left % 1000) / 1000))
+    local ms = decimal((left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, decimal(recorded))
   end
 end
 return debts

@@ -464,7 +464,8 @@ for j = 1, #order do
     redis.call('DEL', key)
   else
     local left = recorded - now + 999
-    redis.call('SET', key, decimal(recorded), 'PX', decimal((left - left % 1000) / 1000))
+    local ms = decimal((left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, decimal(recorded))
   end
 end
 -- fixed.save, once per key, as in fixed_batch.lua: the state with its expiry (the window's
@@ -478,8 +479,8 @@ for j = 1, #fixed do
     redis.call('DEL', key)
   else
     local left = expires_at - now + 999
-    redis.call('SET', key, format('%d:%d', windows[key], count), 'PX',
-      format('%d', (left - left % 1000) / 1000))
+    local ms = format('%d', (left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, format('%d:%d', windows[key], count))
   end
 end
 -- sliding.save, once per key, as in sliding_batch.lua: the state with its expiry (the end of
@@ -502,7 +503,8 @@ for j = 1, #slid do
     redis.call('DEL', key)
   else
     local left = expires_at - now + 999
-    redis.call('SET', key, cmsgpack.pack(st), 'PX', format('%d', (left - left % 1000) / 1000))
+    local ms = format('%d', (left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, cmsgpack.pack(st))
   end
 end
 -- log.save, once per key, as in log_batch.lua: the expiry is the newest member's time plus
@@ -532,8 +534,8 @@ for j = 1, #strikes do
     redis.call('DEL', key)
   else
     local left = expires_at - now + 999
-    redis.call('SET', key, format('%d:%d:%d', rec[1], rec[2], rec[3]), 'PX',
-      format('%d', (left - left % 1000) / 1000))
+    local ms = format('%d', (left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, format('%d:%d:%d', rec[1], rec[2], rec[3]))
   end
 end
 return out

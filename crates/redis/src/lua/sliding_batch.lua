@@ -154,7 +154,7 @@ end
 -- Writes `st`, recorded, under `key` (see `stored`).
 local function save(key, st, g, sub)
   local text, ms = stored(st, g, sub)
-  if text then redis.call('SET', key, text, 'PX', ms) else redis.call('DEL', key) end
+  if text then redis.call('PSETEX', key, ms, text) else redis.call('DEL', key) end
 end
 
 -- A state read from Redis, or nil when there is none of G sub-windows: a state of another
@@ -201,7 +201,7 @@ if ARGV[1] == '0' then
       end
       remaining, reset_after, retry = fr, fa, ft
       if text then
-        redis.call('SET', KEYS[i], text, 'PX', ms)
+        redis.call('PSETEX', KEYS[i], ms, text)
       elseif text == false then
         redis.call('DEL', KEYS[i])
       end
@@ -284,7 +284,8 @@ for j = 1, #order do
     redis.call('DEL', key)
   else
     local left = expires_at - now + 999
-    redis.call('SET', key, cmsgpack.pack(st), 'PX', format('%d', (left - left % 1000) / 1000))
+    local ms = format('%d', (left - left % 1000) / 1000)
+    redis.call('PSETEX', key, ms, cmsgpack.pack(st))
   end
 end
 return out
