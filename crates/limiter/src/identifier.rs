@@ -158,6 +158,44 @@ pub fn selector_value(value: &str) -> String {
     out
 }
 
+/// `a == b`, without a call to `memcmp` for strings of up to 16 bytes (a selector's name, a
+/// user id, an address): a check compares its selector names and its value with what it
+/// holds, and for such short strings the call costs more than the comparison. Measured with
+/// callgrind on `vs_governor`'s `decision` path, the two comparisons cost about 100
+/// instructions a check through `==`. Longer strings compare as `==` does.
+#[inline(always)]
+pub(crate) fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // Two loads from each, one from the start and one from the end, overlapping when the
+    // length is not twice the load's: every byte is covered, none read out of bounds.
+    if let (Some(a0), Some(a1), Some(b0), Some(b1)) = (
+        a.first_chunk::<8>(),
+        a.last_chunk::<8>(),
+        b.first_chunk::<8>(),
+        b.last_chunk::<8>(),
+    ) {
+        if n <= 16 {
+            let word = |c: &[u8; 8]| u64::from_le_bytes(*c);
+            return (word(a0) ^ word(b0)) | (word(a1) ^ word(b1)) == 0;
+        }
+        return a == b;
+    }
+    if let (Some(a0), Some(a1), Some(b0), Some(b1)) = (
+        a.first_chunk::<4>(),
+        a.last_chunk::<4>(),
+        b.first_chunk::<4>(),
+        b.last_chunk::<4>(),
+    ) {
+        let word = |c: &[u8; 4]| u32::from_le_bytes(*c);
+        return (word(a0) ^ word(b0)) | (word(a1) ^ word(b1)) == 0;
+    }
+    a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// Appends `value` to `out` as it appears in an identifier.
 pub(crate) fn push_value(out: &mut String, value: &str) {
     let plain = !value.is_empty()
@@ -265,6 +303,27 @@ mod tests {
         let mut next = Identifiers::take();
         assert!(next.as_slice().is_empty());
         assert_eq!(next.next().as_str(), "");
+    }
+
+    /// `same` agrees with `==` on every pair of short strings that differ in one byte, at
+    /// every length a branch of it covers, and on strings past 16 bytes.
+    #[test]
+    fn same_is_equality() {
+        let base = "abcdefghijklmnopqrstuvwxyz0123";
+        for n in 0..=base.len() {
+            let a = &base[..n];
+            assert!(same(a, a) && same(a, &a.to_owned()), "{a:?}");
+            for i in 0..n {
+                let mut b = a.as_bytes().to_vec();
+                b[i] = b'_';
+                let b = String::from_utf8(b).unwrap();
+                assert!(!same(a, &b) && !same(&b, a), "{a:?} {b:?}");
+            }
+            if n > 0 {
+                assert!(!same(a, &base[..n - 1]), "{a:?}");
+            }
+        }
+        assert!(same("é", "é") && !same("é", "è"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! the request's selector values.
 
 use super::{Error, Selectors};
-use crate::identifier::{Identifier, push_value};
+use crate::identifier::{Identifier, push_value, same};
 use crate::policy::{CompiledLeaf, CompiledPolicy, GroupAt};
 
 /// The identifiers a pardon clears: each leaf whose selectors are all given (global leaves
@@ -38,7 +38,7 @@ fn value<'a>(
     selectors: &Selectors<'a>,
     name: &str,
 ) -> Result<&'a str, Error> {
-    match selectors.iter().find(|(n, _)| *n == name) {
+    match selectors.iter().find(|(n, _)| same(n, name)) {
         Some((_, value)) => Ok(value),
         None => Err(missing_selector(policy, name)),
     }
@@ -89,13 +89,23 @@ pub(super) fn write_leaf_again(
         [name] => {
             let value = value(policy, selectors, name)?;
             let held = id.get(leaf.prefix.len()..id.len().saturating_sub(leaf.suffix.len()));
-            if written && id.len() >= fixed && held == Some(value) && !value.starts_with('#') {
+            if written
+                && id.len() >= fixed
+                && held.is_some_and(|held| same(held, value))
+                && !value.starts_with('#')
+            {
                 return Ok(true);
             }
-            id.clear();
+            // Written for this leaf, `id` starts with its prefix already: only the value
+            // and the suffix are written again.
+            let start = leaf.prefix.len();
+            if written && id.len() >= fixed {
+                id.name_mut().truncate(start);
+            } else {
+                id.clear();
+                id.name_mut().push_str(&leaf.prefix);
+            }
             let name = id.name_mut();
-            name.push_str(&leaf.prefix);
-            let start = name.len();
             push_value(name, value);
             let end = name.len();
             name.push_str(&leaf.suffix);
