@@ -65,8 +65,9 @@ pub enum LeaseAnswer {
 /// KEYS and ARGV for one call of [`LEASE_BATCH`] taking `steps` (each a lease set's key, a
 /// step and its lease id) in order. KEYS names each lease set once, however many steps it
 /// has. ARGV is the number of distinct quota sets S, S pairs (limit, lease time), then
-/// every step packed in one string: four bytes (kind: 1 acquire, 2 release, 0 release of a
-/// lease its holder knows unexpired, 3 renew; its quota set from 1, 0 for a release; its
+/// every step packed in one string: four bytes (kind: 1 acquire, 4 acquire on a key no
+/// other step of the call names, 2 release, 0 release of a lease its holder knows
+/// unexpired, 3 renew; its quota set from 1, 0 for a release; its
 /// key's place in KEYS from 1; the id's length) and the lease id in decimal. One string
 /// rather than two arguments a step: Redis makes a string and a Lua table slot of every
 /// argument, and on a busy set that was more than a tenth of a step's cost
@@ -79,6 +80,10 @@ pub fn lease_batch_call<'a>(
     let mut places: HashMap<&str, u8> = HashMap::new();
     let mut sets: Vec<(u64, u64)> = Vec::new();
     let mut packed = Vec::new();
+    // Each acquire's kind byte in `packed` and its key's place; how many steps name each
+    // place (by place, from 1).
+    let mut acquires: Vec<(usize, u8)> = Vec::new();
+    let mut named: Vec<u8> = vec![0];
     let too_many = |what: &str| {
         RedisError::Unsupported(format!("more than 255 {what} in one batch of lease steps"))
     };
@@ -115,14 +120,26 @@ pub fn lease_batch_call<'a>(
                 keys.push(key);
                 let place = u8::try_from(keys.len()).map_err(|_| too_many("lease sets"))?;
                 places.insert(key, place);
+                named.push(0);
                 place
             }
         };
+        named[usize::from(place)] = named[usize::from(place)].saturating_add(1);
+        if kind == 1 {
+            acquires.push((packed.len(), place));
+        }
         let mut digits = itoa::Buffer::new();
         let id = digits.format(id).as_bytes();
         // A u64 has at most 20 digits.
         packed.extend_from_slice(&[kind, set, place, id.len() as u8]);
         packed.extend_from_slice(id);
+    }
+    // An acquire on a key no other step names is kind 4: the script keeps nothing of that
+    // key for later steps.
+    for (at, place) in acquires {
+        if named[usize::from(place)] == 1 {
+            packed[at] = 4;
+        }
     }
     let mut args = Vec::with_capacity(2 + sets.len() * 2);
     args.push(sets.len().to_string().into_bytes());
@@ -345,7 +362,8 @@ mod tests {
         steps.extend(b"1234");
         steps.extend([0, 0, 1, 1, b'7', 2, 0, 2, 20]);
         steps.extend(b"18446744073709551615");
-        steps.extend([3, 1, 1, 1, b'7', 1, 1, 3, 1, b'0']);
+        // "c" is named by its acquire alone: kind 4.
+        steps.extend([3, 1, 1, 1, b'7', 4, 1, 3, 1, b'0']);
         let want: Vec<Vec<u8>> = vec![
             b"2".to_vec(),
             b"3".to_vec(),

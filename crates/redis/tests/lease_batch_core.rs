@@ -200,6 +200,9 @@ struct Replay {
     entry: String,
     /// Every step's core answer, by kind.
     kinds: BTreeMap<&'static str, usize>,
+    /// The core's answers to acquires on a key no other step of their batch names (sent as
+    /// kind 4, the script's loop that keeps nothing of the key), by kind.
+    once: BTreeMap<&'static str, usize>,
 }
 
 impl Replay {
@@ -212,6 +215,7 @@ impl Replay {
             con,
             entry: format!("local now = tonumber(ARGV[#ARGV])\n{LEASE_BATCH_LUA}"),
             kinds: BTreeMap::new(),
+            once: BTreeMap::new(),
         }
     }
 
@@ -240,6 +244,11 @@ impl Replay {
         for (n, (&(s, q, step, id), answer)) in batch.iter().zip(&answers).enumerate() {
             let want = core_step(&mut sets[s], &q, step, id, now as u64);
             *self.kinds.entry(kind(&want)).or_default() += 1;
+            if matches!(step, LeaseStep::Acquire { .. })
+                && batch.iter().filter(|other| other.0 == s).count() == 1
+            {
+                *self.once.entry(kind(&want)).or_default() += 1;
+            }
             if step == LeaseStep::ReleaseUnexpired
                 && want == LeaseAnswer::Released(Released::Released)
             {
@@ -328,6 +337,16 @@ fn batches_answer_as_the_core_step_by_step() {
     ] {
         let seen = replay.kinds.get(kind).copied().unwrap_or(0);
         assert!(seen >= 5, "only {seen} steps {kind}: {:?}", replay.kinds);
+    }
+    // Acquires on a key named once in their batch, and so sent through the script's loop
+    // that keeps nothing of the key, met each answer an acquire can get.
+    for kind in ["admitted", "denied", "dropped expired"] {
+        let seen = replay.once.get(kind).copied().unwrap_or(0);
+        assert!(
+            seen >= 5,
+            "only {seen} acquires {kind} alone: {:?}",
+            replay.once
+        );
     }
 }
 

@@ -16,9 +16,10 @@
 --
 -- KEYS: the lease sets' keys, each once. ARGV: the number of quota sets S, then S pairs
 -- (limit, lease time in ticks), then the steps packed in one string (src/lease_batch.rs),
--- each four bytes and the lease id in decimal: kind (1 acquire, 2 release, 3 renew, 0
--- release of a lease its holder knows unexpired), quota set (from 1, 0 for a release), the
--- key's place in KEYS (from 1) and the id's length.
+-- each four bytes and the lease id in decimal: kind (1 acquire, 4 acquire on a key no other
+-- step of the call names, 2 release, 3 renew, 0 release of a lease its holder knows
+-- unexpired), quota set (from 1, 0 for a release), the key's place in KEYS (from 1) and the
+-- id's length.
 -- Reply: the steps' answers one after the other, in one flat array of integers:
 --   acquire: remaining (>= 0), when admitted with reset_after = the lease time and no
 --            expired lease dropped; else -1, then code (0 admitted, 1 denied until `retry`,
@@ -101,7 +102,7 @@ end
 local function renew_held(key, k, lease, id, score, latest)
   local at = max(now + lease, score)
   if at > score then redis.call('ZADD', key, decimal(at), id) end
-  wrote(k, id, at, score)
+  if k then wrote(k, id, at, score) end
   if at > latest then
     expire(key, at)
     latest = at
@@ -143,10 +144,18 @@ end
 -- concurrency::acquire: drops the expired leases, renews `id` if it is held, else takes a
 -- slot if one is free. After the drop every lease kept is unexpired, so the set's size is
 -- `held`; while a slot is free both branches admit, and `ZADD NX` tells which is taken.
-local function acquire(key, limit, lease, id)
+-- `once`: no other step of this call names the key (many users' acquires, the usual
+-- batch), so nothing learnt of it is kept for later steps: no table is made for it, which
+-- on 1,000,000 sets was about a tenth of an acquire + release (lua_instructions.sh,
+-- lease-many).
+local function acquire(key, limit, lease, id, once)
   local k = known[key]
   local dropped = 0
-  if not k then
+  local held, latest
+  if k then
+    held, latest = k.size, k.top
+    if k.old > latest then latest = expires_at(key, k) end
+  else
     -- The size first: an empty set (a missing key) has nothing to drop and no latest lease,
     -- so the first acquire on it asks Redis once, not three times.
     local size = redis.call('ZCARD', key)
@@ -156,19 +165,22 @@ local function acquire(key, limit, lease, id)
       size = size - dropped
       if size > 0 then old = huge end
     end
-    k = { size = size, mine = {}, top = 0, old = old, exact = false }
-    known[key] = k
+    held, latest = size, 0
+    if not once then
+      k = { size = size, mine = {}, top = 0, old = old, exact = false }
+      known[key] = k
+    end
+    if old > 0 then latest = expires_at(key, k) end
   end
-  local held = k.size
-  local latest = k.top
-  if k.old > latest then latest = expires_at(key, k) end
   local score
   if held < limit then
     local at = now + lease
     if redis.call('ZADD', key, 'NX', decimal(at), id) == 1 then
       -- concurrency::hold.
-      k.size = held + 1
-      wrote(k, id, at, nil)
+      if k then
+        k.size = held + 1
+        wrote(k, id, at, nil)
+      end
       if at > latest then expire(key, at) end
       -- concurrency::verdict of cost 1 with a slot free: admitted, reset after the later
       -- of the set's latest lease and this one (max, without a call into C).
@@ -251,8 +263,10 @@ while pos <= size do
   local id = sub(steps, pos + 4, pos + 3 + length)
   pos = pos + 4 + length
   local key = KEYS[place]
-  if kind == 1 then
-    acquire(key, limits[set], leases[set], id)
+  if kind == 4 then
+    acquire(key, limits[set], leases[set], id, true)
+  elseif kind == 1 then
+    acquire(key, limits[set], leases[set], id, false)
   elseif kind == 0 then
     n = n + 1
     out[n] = release_unexpired(key, id)
