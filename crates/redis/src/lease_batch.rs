@@ -22,6 +22,8 @@
 //! key once and packing the steps in one argument ([`lease_batch_call`]), with the script's
 //! common path making no calls into `math`, then took a step from 24,405 to 22,050
 //! instructions on one set and from 27,810 to 26,433 on 1,000,000 (2,000 calls of 16 steps).
+//! An acquire on a set no other step of its call names (kind 4) keeps nothing of the set
+//! for later steps, so it makes no tables: a step on 1,000,000 sets 26,373 to 22,996.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
