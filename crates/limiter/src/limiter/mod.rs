@@ -397,13 +397,20 @@ impl Limiter {
         cost: u64,
         peek: bool,
     ) -> Option<Result<Decided, Error>> {
-        let decided = self.with_policy(policy, |policy| {
-            let recording = if peek {
+        let recording = |policy: &PolicyRef| {
+            if peek {
                 Recording::Never
             } else {
                 counting(policy)
-            };
-            self.decided_now(policy, selectors, cost, recording)
+            }
+        };
+        // A handle, the usual argument on a hot path, goes straight in: through
+        // `with_policy` its answer is wrapped in one more result and moved out again.
+        if let PolicyArg::Ref(policy) = policy {
+            return self.decided_now(policy, selectors, cost, recording(policy));
+        }
+        let decided = self.with_policy(policy, |policy| {
+            self.decided_now(policy, selectors, cost, recording(policy))
         });
         decided.unwrap_or_else(|error| Some(Err(error)))
     }
