@@ -98,8 +98,8 @@ pub(crate) struct LeaseParts {
     pub(crate) selectors: TokenSelectors,
     /// The [`CompiledLeaf::uid`](crate::policy::CompiledLeaf) of the one leaf whose
     /// identifier and token bytes these parts hold, for the next acquire of that leaf on
-    /// this thread to keep them (see `Limiter::acquire_one`); 0 when they are not one
-    /// leaf's.
+    /// this thread to keep them (see `one_leaf_parts` in `limiter/acquire.rs`); 0 when
+    /// they are not one leaf's.
     pub(crate) leaf: u64,
     /// On the memory store, a handle to the lease set of the one identifier (see
     /// [`MemoryStore::acquire_held`]): the release, and the next acquire of that identifier
