@@ -180,6 +180,12 @@ fn checks_on_concurrency_rules_and_leases_on_other_stores_are_clear_errors() {
         );
         assert!(!err.is_transient());
         assert!(err.to_string().contains("not supported"), "{err}");
+        // A remote store's acquire writes the identifier before its call, and a missing
+        // selector stops it there, as on the memory store.
+        assert!(matches!(
+            other.acquire("job", &[]).await,
+            Err(Error::MissingSelector { .. })
+        ));
         let err = other.reserve("tokens", ALICE, 5).await.unwrap_err();
         assert!(
             matches!(err, Error::Store(StoreError::Unsupported(_))),
