@@ -95,7 +95,7 @@ if scenario.startswith("cell"):
 elif scenario.startswith("full"):
     # The library as src/script.rs's LIBRARY assembles it, with the decision entry alone.
     body = ""
-    for part in ["algorithms.lua", "leases.lua", "reservations.lua"]:
+    for part in ["algorithms.lua", "lease_string.lua", "leases.lua", "reservations.lua"]:
         with open(os.path.join(lua, part)) as f:
             body += f.read()
     with open(os.path.join(lua, "decide.lua")) as f:
@@ -292,42 +292,45 @@ elif scenario.startswith("rate"):
         return client.evalsha(sha, 16, *keys, *params)
 
 else:
-    sha = load("lease_batch.lua")
+    sha = load("lease_batch.lua", ("redis_now.lua", "decimal.lua", "lease_string.lua"))
     many = scenario == "lease-many"
     held, next_id = [], [1]
 
     def call():
-        # One quota set: 64 slots, leases of 60 s in microseconds; each set's key once, and
-        # the steps packed as the store packs them (src/lease_batch.rs): kind, quota set,
-        # the key's place in KEYS, the id's length, then the id. An acquire is kind 1 of set
-        # 1; a release kind 0, the release of a lease its holder knows unexpired, as a
-        # `Lease` held for less than its lease time sends it (kind 2 asks the lease's expiry
-        # first), set 0. As the store does, an acquire on a key no other step of the call
-        # names is kind 4 (most of lease-many's; SLUICE_BENCH_ACQUIRE_ONCE=0 sends kind 1,
-        # the script's loop that keeps what it learns of a key for its later steps).
-        keys, places, packed, taken = [], {}, [], []
+        # One quota set: 64 slots, leases of 60 s in microseconds, packed as the store packs
+        # them (src/lease_batch.rs): each set's key once, then the steps, each its kind,
+        # quota set, key's place in KEYS, the id's length, then the id. An acquire is kind 1 of set 1; a release kind
+        # 0, the release of a lease its holder knows unexpired, as a `Lease` held for less
+        # than its lease time sends it (kind 2 asks the lease's expiry first), set 0. As the
+        # store does, an acquire or release alone on its key is kind 4, 5 or 6, its id
+        # followed by ':' for 5 and 6 (most of lease-many's; SLUICE_BENCH_ACQUIRE_ONCE=0
+        # sends kinds 1, 0 and 2, the script's loop on sorted sets).
+        packed, taken = [], []
         release_kind = int(os.environ.get("SLUICE_BENCH_RELEASE_KIND", "0"))
         once = os.environ.get("SLUICE_BENCH_ACQUIRE_ONCE", "1") != "0"
-
-        def step(kind, set_number, set_key, lease):
-            if set_key not in places:
-                keys.append(set_key)
-                places[set_key] = len(keys)
-            packed.append((kind, set_number, set_key, str(lease).encode()))
-
         for i in range(8):
             set_key, lease = key(many, "bench:lease"), next_id[0]
             next_id[0] += 1
-            step(1, 1, set_key, lease)
+            packed.append((1, 1, set_key, str(lease).encode()))
             taken.append((set_key, lease))
             if held:
-                step(release_kind, 0, *held[i])
+                packed.append((release_kind, 0, held[i][0], str(held[i][1]).encode()))
         held[:] = taken
-        named = {k: sum(1 for p in packed if p[2] == k) for k in keys}
-        steps = b"".join(
-            bytes([4 if kind == 1 and once and named[k] == 1 else kind, s, places[k], len(d)]) + d
-            for kind, s, k, d in packed
-        )
+        named = {}
+        for _, _, k, _ in packed:
+            named[k] = named.get(k, 0) + 1
+        alone = {k for k in named if once and named[k] == 1}
+        keys = list(named)
+        places = {k: i + 1 for i, k in enumerate(keys)}
+
+        def pack(kind, s, k, d):
+            if k in alone:
+                kind = {1: 4, 0: 5, 2: 6}[kind]
+            if kind in (5, 6):
+                d += b":"
+            return bytes([kind, s, places[k], len(d)]) + d
+
+        steps = b"".join(pack(*step) for step in packed)
         return client.evalsha(sha, len(keys), *keys, 1, 64, 60_000_000, steps)
 
 

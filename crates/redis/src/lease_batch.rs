@@ -66,34 +66,47 @@ pub enum LeaseAnswer {
 
 /// KEYS and ARGV for one call of [`LEASE_BATCH`] taking `steps` (each a lease set's key, a
 /// step and its lease id) in order. KEYS names each lease set once, however many steps it
-/// has. ARGV is the number of distinct quota sets S, S pairs (limit, lease time), then
-/// every step packed in one string: four bytes (kind: 1 acquire, 4 acquire on a key no
-/// other step of the call names, 2 release, 0 release of a lease its holder knows
-/// unexpired, 3 renew; its quota set from 1, 0 for a release; its
-/// key's place in KEYS from 1; the id's length) and the lease id in decimal. One string
-/// rather than two arguments a step: Redis makes a string and a Lua table slot of every
-/// argument, and on a busy set that was more than a tenth of a step's cost
-/// (`benches/lua_instructions.sh`). More than 255 keys or quota sets in one call (the store
-/// sends at most 64 steps) is an error.
+/// has. ARGV is the number of distinct quota sets S, S pairs (limit, lease time), then every
+/// step packed in one string: four bytes (kind: 1 acquire, 2 release, 0 release of a lease
+/// its holder knows unexpired, 3 renew, and 4, 6 and 5 for 1, 2 and 0 on a key no other
+/// step of the call names; its quota set from 1, 0 for a release; its key's place in KEYS
+/// from 1; the id's length) and the lease id in decimal, followed by `:` for kinds 5 and 6
+/// (the start of the one lease a set kept as a string holds, see
+/// `src/lua/lease_batch.lua`). One string rather than two arguments a step: Redis makes a
+/// string and a Lua table slot of every argument, and on a busy set that was more than a
+/// tenth of a step's cost (`benches/lua_instructions.sh`). More than 255 keys or quota sets
+/// in one call (the store sends at most 64 steps) is an error.
 pub fn lease_batch_call<'a>(
     steps: impl IntoIterator<Item = (&'a str, LeaseStep, u64)>,
 ) -> Result<(Vec<&'a str>, Vec<Vec<u8>>), RedisError> {
-    let mut keys: Vec<&str> = Vec::new();
-    let mut places: HashMap<&str, u8> = HashMap::new();
-    let mut sets: Vec<(u64, u64)> = Vec::new();
-    let mut packed = Vec::new();
-    // Each acquire's kind byte in `packed` and its key's place; how many steps name each
-    // place (by place, from 1).
-    let mut acquires: Vec<(usize, u8)> = Vec::new();
-    let mut named: Vec<u8> = vec![0];
+    let steps: Vec<(&str, LeaseStep, u64)> = steps.into_iter().collect();
     let too_many = |what: &str| {
         RedisError::Unsupported(format!("more than 255 {what} in one batch of lease steps"))
     };
+    // Each key's place, in the order first named, and how many steps name it.
+    let mut keys: Vec<&str> = Vec::new();
+    let mut places: HashMap<&str, (u8, usize)> = HashMap::new();
+    for (key, _, _) in &steps {
+        match places.get_mut(key) {
+            Some((_, named)) => *named += 1,
+            None => {
+                keys.push(key);
+                let place = u8::try_from(keys.len()).map_err(|_| too_many("lease sets"))?;
+                places.insert(key, (place, 1));
+            }
+        }
+    }
+    let mut sets: Vec<(u64, u64)> = Vec::new();
+    let mut packed = Vec::new();
     for (key, step, id) in steps {
+        let (place, named) = places[key];
+        let alone = named == 1;
         let (kind, set) = match step {
-            LeaseStep::Acquire { limit, lease } => (1, Some((limit, lease))),
-            LeaseStep::Release => (2, None),
-            LeaseStep::ReleaseUnexpired => (0, None),
+            LeaseStep::Acquire { limit, lease } => {
+                (if alone { 4 } else { 1 }, Some((limit, lease)))
+            }
+            LeaseStep::Release => (if alone { 6 } else { 2 }, None),
+            LeaseStep::ReleaseUnexpired => (if alone { 5 } else { 0 }, None),
             // A renew reads only the lease time: any set with it serves.
             LeaseStep::Renew { lease } => (
                 3,
@@ -116,31 +129,14 @@ pub fn lease_batch_call<'a>(
             },
         };
         let set = u8::try_from(set).map_err(|_| too_many("quota sets"))?;
-        let place = match places.get(key) {
-            Some(place) => *place,
-            None => {
-                keys.push(key);
-                let place = u8::try_from(keys.len()).map_err(|_| too_many("lease sets"))?;
-                places.insert(key, place);
-                named.push(0);
-                place
-            }
-        };
-        named[usize::from(place)] = named[usize::from(place)].saturating_add(1);
-        if kind == 1 {
-            acquires.push((packed.len(), place));
-        }
         let mut digits = itoa::Buffer::new();
         let id = digits.format(id).as_bytes();
-        // A u64 has at most 20 digits.
-        packed.extend_from_slice(&[kind, set, place, id.len() as u8]);
+        // A u64 has at most 20 digits, and a `:` follows for kinds 5 and 6.
+        let colon = matches!(kind, 5 | 6);
+        packed.extend_from_slice(&[kind, set, place, id.len() as u8 + u8::from(colon)]);
         packed.extend_from_slice(id);
-    }
-    // An acquire on a key no other step names is kind 4: the script keeps nothing of that
-    // key for later steps.
-    for (at, place) in acquires {
-        if named[usize::from(place)] == 1 {
-            packed[at] = 4;
+        if colon {
+            packed.push(b':');
         }
     }
     let mut args = Vec::with_capacity(2 + sets.len() * 2);
@@ -235,6 +231,41 @@ pub fn lease_batch_answers(
         return Err(short());
     }
     Ok(answers)
+}
+
+/// The leases a lease set holds, as `(id, expires_at)` (microseconds), read straight from
+/// Redis: a sorted set (member the id, score the expiry), or a set of one lease kept as the
+/// string `<id>:<expires_at>` (see `src/lua/lease_batch.lua`); none when the key is gone.
+/// For tests and tools; a key of another shape is an error naming what it found.
+pub fn lease_set(
+    con: &mut impl redis::ConnectionLike,
+    key: &str,
+) -> Result<Vec<(u64, u64)>, RedisError> {
+    let kind: String = redis::cmd("TYPE").arg(key).query(con)?;
+    match kind.as_str() {
+        "none" => Ok(Vec::new()),
+        "zset" => Ok(redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(con)?),
+        "string" => {
+            let value: String = redis::cmd("GET").arg(key).query(con)?;
+            let lease = value
+                .split_once(':')
+                .and_then(|(id, at)| Some((id.parse().ok()?, at.parse().ok()?)));
+            match lease {
+                Some(lease) => Ok(vec![lease]),
+                None => Err(RedisError::Reply(format!(
+                    "{key} holds {value:?}, not a lease"
+                ))),
+            }
+        }
+        other => Err(RedisError::Reply(format!(
+            "{key} is a {other}, not a lease set"
+        ))),
+    }
 }
 
 /// One queued lease step: its key, what to do, the lease, its slot (Cluster) and where its
@@ -336,7 +367,8 @@ mod tests {
     use super::{LeaseStep, lease_batch_call};
 
     /// Each key once, in the order first named; quota sets shared by equal limits and lease
-    /// times (a renew takes any set of its lease time); every step's four bytes and id.
+    /// times (a renew takes any set of its lease time), the sets read up front first; every
+    /// step's four bytes and id.
     #[test]
     fn a_call_names_each_key_once_and_packs_every_step() {
         let acquire = LeaseStep::Acquire {
@@ -357,15 +389,21 @@ mod tests {
             ("b", LeaseStep::Release, 18_446_744_073_709_551_615),
             ("a", LeaseStep::Renew { lease: 60 }, 7),
             ("c", acquire, 0),
+            ("d", LeaseStep::ReleaseUnexpired, 9),
+            ("e", LeaseStep::Release, 8),
+            ("f", LeaseStep::Renew { lease: 60 }, 6),
         ])
         .unwrap();
-        assert_eq!(keys, ["a", "b", "c"]);
+        assert_eq!(keys, ["a", "b", "c", "d", "e", "f"]);
         let mut steps = vec![1, 1, 1, 1, b'7', 1, 2, 2, 4];
         steps.extend(b"1234");
         steps.extend([0, 0, 1, 1, b'7', 2, 0, 2, 20]);
         steps.extend(b"18446744073709551615");
-        // "c" is named by its acquire alone: kind 4.
+        // Kinds 4, 5 and 6 for the steps alone on their keys, an id and ':' for 5 and 6.
         steps.extend([3, 1, 1, 1, b'7', 4, 1, 3, 1, b'0']);
+        steps.extend([
+            5, 0, 4, 2, b'9', b':', 6, 0, 5, 2, b'8', b':', 3, 1, 6, 1, b'6',
+        ]);
         let want: Vec<Vec<u8>> = vec![
             b"2".to_vec(),
             b"3".to_vec(),

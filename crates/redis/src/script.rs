@@ -50,6 +50,7 @@ impl Lua {
 pub static DECIDE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/decide.lua")
     ))
@@ -60,6 +61,7 @@ pub static DECIDE: LazyLock<Lua> = LazyLock::new(|| {
 pub static SPLIT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/split.lua")
     ))
@@ -71,6 +73,7 @@ pub static SPLIT: LazyLock<Lua> = LazyLock::new(|| {
 pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/acquire.lua")
     ))
@@ -81,6 +84,7 @@ pub static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/release.lua")
     ))
@@ -91,6 +95,7 @@ pub static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 pub static RENEW: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/renew.lua")
     ))
@@ -101,6 +106,7 @@ pub static RENEW: LazyLock<Lua> = LazyLock::new(|| {
 pub static RESERVE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/reservations.lua"),
         include_str!("lua/reserve.lua")
@@ -112,6 +118,7 @@ pub static RESERVE: LazyLock<Lua> = LazyLock::new(|| {
 pub static SETTLE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/algorithms.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/leases.lua"),
         include_str!("lua/reservations.lua"),
         include_str!("lua/settle.lua")
@@ -122,6 +129,7 @@ pub static SETTLE: LazyLock<Lua> = LazyLock::new(|| {
 /// The library's shared text: the algorithms, leases and reservations.
 const LIBRARY_BODY: &str = concat!(
     include_str!("lua/algorithms.lua"),
+    include_str!("lua/lease_string.lua"),
     include_str!("lua/leases.lua"),
     include_str!("lua/reservations.lua")
 );
@@ -270,6 +278,7 @@ pub static LEASE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("lua/redis_now.lua"),
         include_str!("lua/decimal.lua"),
+        include_str!("lua/lease_string.lua"),
         include_str!("lua/lease_batch.lua")
     ))
 });
@@ -277,10 +286,13 @@ pub static LEASE_BATCH: LazyLock<Lua> = LazyLock::new(|| {
 /// The lean lease script's body alone, for test entry points that define `now` themselves.
 pub const LEASE_BATCH_LUA: &str = concat!(
     include_str!("lua/decimal.lua"),
+    include_str!("lua/lease_string.lua"),
     include_str!("lua/lease_batch.lua")
 );
 
-pub use crate::lease_batch::{LeaseAnswer, LeaseStep, lease_batch_answers, lease_batch_call};
+pub use crate::lease_batch::{
+    LeaseAnswer, LeaseStep, lease_batch_answers, lease_batch_call, lease_set,
+};
 
 /// The script's number for `algorithm`. An algorithm the script does not know is an error,
 /// never another algorithm's decision.

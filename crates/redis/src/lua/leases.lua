@@ -4,7 +4,9 @@
 --
 -- State layout (one Redis key per concurrency leaf identifier):
 --   concurrency     zset    member = lease id (decimal u64, never read as a number),
---                           score = the lease's expiry (microseconds)
+--                           score = the lease's expiry (microseconds); or, for a set of one
+--                           lease written by lease_batch.lua, the string "<id>:<expiry>",
+--                           turned into the sorted set before any step here (`as_sorted`)
 -- The key's expiry (PEXPIRE) is its latest lease's, so a set whose holders all vanished
 -- goes by itself. A release only removes its member: the key may outlive its last
 -- unexpired lease until the expiry it had, never longer.
@@ -34,7 +36,14 @@ local function last_expiry(key)
   return 0
 end
 
+-- A set that lease_batch.lua kept as a string (one lease) becomes a sorted set first.
+local function as_sorted(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then lease_string_to_zset(key, v) end
+end
+
 function leases.load(key)
+  as_sorted(key)
   return { key = key }
 end
 
@@ -117,6 +126,7 @@ local function acquire(now, id)
     -- The common rule, in as few calls as its answer needs: after the drop, every lease
     -- kept is unexpired, so the set's size is `held`.
     local key = KEYS[1]
+    as_sorted(key)
     drop_expired(key, now)
     local score = redis.call('ZSCORE', key, id)
     local held = tonumber(redis.call('ZCARD', key))
@@ -148,6 +158,7 @@ end
 local function release(now)
   local id, found = ARGV[1], 0
   for _, key in ipairs(KEYS) do
+    as_sorted(key)
     local score = redis.call('ZSCORE', key, id)
     if score then
       redis.call('ZREM', key, id)
@@ -166,6 +177,7 @@ end
 local function renew(now)
   local id, left = ARGV[1], -1
   for i, key in ipairs(KEYS) do
+    as_sorted(key)
     local at = renew_one({ window = tonumber(ARGV[1 + i]) }, key, now, id)
     if at then
       expire(key, last_expiry(key), now)

@@ -73,7 +73,10 @@ elseif mode == 'undo' then
     local q, key = leaf.q, leaf.key
     if q.alg == CONCURRENCY then
       local lease = ARGV[6 + count * 7]
-      if lease then redis.call('ZREM', key, lease) end
+      if lease then
+        leases.load(key)
+        redis.call('ZREM', key, lease)
+      end
     elseif q.alg == GCRA then
       local st = gcra.load(key)
       st.tat = st.tat - cost * q.interval
