@@ -66,10 +66,12 @@
 //!   decides the rule's rate leaves exactly as a check, and when the rule admits adds the
 //!   lease to every concurrency leaf, all in one script. A lease set is a sorted set per
 //!   concurrency identifier, keyed like any leaf (`ns:export:user:{alice}:...concurrent`):
-//!   member the lease id, score its expiry in microseconds. The key's expiry (`PEXPIRE`) is
-//!   its latest lease's, so the set of holders that all vanished goes by itself; a release
-//!   removes its member and leaves the expiry, so a set outlives its last lease by at most
-//!   one lease time. A denial by a concurrency leaf is `Denial::Occupied`, `retry_after` the
+//!   member the lease id, score its expiry in microseconds; a set of one lease taken by the
+//!   batched path may instead be the string `<id>:<expiry>` (one `SET NX` to acquire, one
+//!   `GETDEL` to release), turned into the sorted set by any other step. The key's expiry
+//!   is its latest lease's, so the set of holders that all vanished goes by itself; a
+//!   release removes its member and leaves the expiry, so a set outlives its last lease by
+//!   at most one lease time. A denial by a concurrency leaf is `Denial::Occupied`, `retry_after` the
 //!   time until enough leases expire.
 //! - **release** and **renew**: one call per Cluster slot of the lease's sets (one call for
 //!   any rule whose concurrency leaves share a selector, and always on a standalone server).
