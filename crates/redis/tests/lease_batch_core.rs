@@ -201,7 +201,7 @@ type Batch = Vec<(usize, Quota, LeaseStep, u64)>;
 
 /// A Redis of its own and the batched script's test entry (`now` the last argument).
 struct Replay {
-    _server: RedisServer,
+    server: RedisServer,
     con: redis::Connection,
     entry: String,
     /// Every step's core answer, by kind.
@@ -215,11 +215,16 @@ struct Replay {
 
 impl Replay {
     fn start() -> Replay {
-        let server = RedisServer::start().expect("redis-server");
+        Replay::start_with(&[])
+    }
+
+    /// On a redis-server started with `extra` arguments.
+    fn start_with(extra: &[&str]) -> Replay {
+        let server = RedisServer::start_with(extra).expect("redis-server");
         let client = redis::Client::open(server.url()).unwrap();
         let con = client.get_connection().expect("connect");
         Replay {
-            _server: server,
+            server,
             con,
             entry: format!("local now = tonumber(ARGV[#ARGV])\n{LEASE_BATCH_LUA}"),
             kinds: BTreeMap::new(),
@@ -429,7 +434,21 @@ fn a_batch_forgets_the_latest_lease_once_it_goes() {
 /// that layout answers and leaves the leases as the core does.
 #[test]
 fn sets_of_one_lease_answer_as_the_core() {
-    let mut replay = Replay::start();
+    one_lease_sets(Replay::start(), true);
+}
+
+/// The same on a server without `GETDEL` (as before Redis 6.2): a release alone on a set
+/// kept as a string then turns it into the sorted set and removes its lease there.
+#[test]
+fn sets_of_one_lease_answer_as_the_core_without_getdel() {
+    one_lease_sets(
+        Replay::start_with(&["--rename-command", "GETDEL", ""]),
+        false,
+    );
+}
+
+/// Many sets of one lease, as above; `getdel` whether the server has the command.
+fn one_lease_sets(mut replay: Replay, getdel: bool) {
     let shapes = [(2, &[10][..]); 24];
     let mut sets = sets("batch-one", &shapes);
     replay.batches(&mut sets, 2_000, 4, 3_000_000);
@@ -441,4 +460,5 @@ fn sets_of_one_lease_answer_as_the_core() {
         let seen = replay.ways.get(way).copied().unwrap_or(0);
         assert!(seen >= 5, "only {seen} steps {way}: {:?}", replay.ways);
     }
+    assert_eq!(replay.server.calls("getdel") > 0, getdel);
 }
