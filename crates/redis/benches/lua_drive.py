@@ -8,6 +8,8 @@ writes DIR/done. Scenarios:
   rate-many  16 GCRA hits per call, each on a random one of 1,000,000 keys
   lease-1    8 acquires of new lease ids and 8 releases of the last call's, one set
   lease-many the same, each acquire on a random one of 1,000,000 sets
+  lease-floor-1  lease-1's commands only, batched as no script on sorted sets could beat:
+             ZCARD, one ZREM of 8, one ZADD of 8 and PEXPIRE a call, nothing decided
   (releases are sent as a `Lease` sends them while far from expiry, kind 0;
   SLUICE_BENCH_RELEASE_KIND=2 sends the release that asks the lease's expiry first)
   cell-1     16 redis-cell CL.THROTTLE commands per call, pipelined, on one key (the
@@ -270,6 +272,30 @@ elif scenario == "floor-many":
     def call():
         keys = [key(True, "bench:rate") for _ in range(16)]
         return client.evalsha(sha, 16, *keys)
+
+elif scenario == "lease-floor-1":
+    # What lease-1's 8 acquires and 8 releases on one sorted set cannot do without, in the
+    # fewest commands: the set's size, one ZREM of the last call's 8 leases, one ZADD of 8
+    # new ones (one expiry for all) and the key's expiry; nothing decided, nothing answered
+    # per lease. The floor of any script on this layout, however it batches.
+    sha = client.script_load(
+        "redis.call('ZCARD', KEYS[1])\n"
+        "redis.call('ZREM', KEYS[1], unpack(ARGV, 1, 8))\n"
+        "local adds = {}\n"
+        "for i = 9, 16 do adds[#adds + 1] = '1700000060000000'; adds[#adds + 1] = ARGV[i] end\n"
+        "redis.call('ZADD', KEYS[1], unpack(adds))\n"
+        "redis.call('PEXPIRE', KEYS[1], '60000')\n"
+        "return 0"
+    )
+    held = [str(i) for i in range(1, 9)]
+    next_id = [9]
+
+    def call():
+        taken = [str(next_id[0] + i) for i in range(8)]
+        next_id[0] += 8
+        answer = client.evalsha(sha, 1, "bench:lease", *held, *taken)
+        held[:] = taken
+        return answer
 
 elif scenario.startswith("rate"):
     sha = load("gcra_batch.lua")

@@ -24,6 +24,9 @@
 # the store does (one set, no key twice: the script's loop for many users); the same names
 # ending in "-general" send the same hits through the script's general loop, and "floor-many" only each key's share
 # of an MGET and its SET with an expiry, nothing decided: what no script can spare.
+# "lease-floor-1" (opt-in) counts lease-1's commands alone, batched as no script on sorted
+# sets could beat (one ZCARD, ZREM, ZADD and PEXPIRE a call, nothing decided): the floor
+# of a busy lease set, beside rate-1.
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
@@ -91,6 +94,10 @@ for keys in 1 many; do
   if [[ -n ${per[lease-$keys]:-} ]]; then
     python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
       "${per[rate-$keys]}" "${per[lease-$keys]}"
+  fi
+  if [[ -n ${per[lease-floor-$keys]:-} ]]; then
+    python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'the floor of an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
+      "${per[rate-$keys]}" "${per[lease-floor-$keys]}"
   fi
   if [[ -n ${per[cell-$keys]:-} ]]; then
     python3 -c "import sys; r, c = int(sys.argv[1]), int(sys.argv[2]); print(f'a rate check on $keys key(s) costs {r / c:.2f} CL.THROTTLE')" \
