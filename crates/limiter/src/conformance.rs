@@ -51,10 +51,11 @@
 //! policies admit and count; odd selector values get their own counters; the near cache
 //! answers known denials. Concurrency leases have cases of their own
 //! ([`concurrency_conformance_tests!`](crate::concurrency_conformance_tests)): never more
-//! than N held under 64 racing tasks on two limiters, release frees at once, renew keeps a
-//! lease, an abandoned lease expires after its lease time and not before; and reservations
-//! (100 racing tasks reserving estimates and settling actual costs on two limiters) keep the
-//! books on every algorithm.
+//! than N held under 64 racing tasks on two limiters (half of them through
+//! [`Slots`](crate::Slots)), release frees at once, renew keeps a lease, an abandoned lease
+//! expires after its lease time and not before, slots share their key's count; and
+//! reservations (100 racing tasks reserving estimates and settling actual costs on two
+//! limiters) keep the books on every algorithm.
 
 use std::future::Future;
 use std::time::Duration;
@@ -77,7 +78,7 @@ pub use exact::{
 };
 pub use leases::{
     abandoned_leases_expire, leases_never_exceed_the_limit, release_frees_at_once,
-    renew_keeps_a_lease,
+    renew_keeps_a_lease, slots_are_the_keys_own,
 };
 pub use requests::{
     cost_above_capacity_is_never, peek_and_cost_zero_record_nothing, reset_pardons_one_key_only,
@@ -201,6 +202,7 @@ macro_rules! concurrency_conformance_tests {
             release_frees_at_once
             renew_keeps_a_lease
             abandoned_leases_expire
+            slots_are_the_keys_own
             reservations_keep_the_books
         }
     };

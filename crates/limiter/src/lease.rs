@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use sluice_core::Quota;
 pub use sluice_core::algorithm::concurrency::Released;
 
 use crate::identifier::Identifier;
-use crate::limiter::{Checked, Error};
+use crate::limiter::{Checked, Error, SlotsInner};
 use crate::memory::{MemoryStore, SetHandle};
 use crate::store::{DynStore, LeaseKeys, Settlement, Store};
 
@@ -126,7 +127,7 @@ impl LeaseParts {
 impl LeaseParts {
     /// The keys of these leases, held since `taken` ([`crate::clock::real_nanos`]) when known.
     #[inline]
-    fn keys(&self, taken: Option<u64>) -> LeaseKeys<'_> {
+    pub(crate) fn keys(&self, taken: Option<u64>) -> LeaseKeys<'_> {
         LeaseKeys {
             identifiers: &self.identifiers,
             quotas: &self.quotas,
@@ -154,10 +155,7 @@ pub struct Acquired {
 pub struct Lease {
     id: LeaseId,
     store: DynStore,
-    /// Boxed, so that a lease moves as a pointer through the acquire's answer, and the box
-    /// goes back to its thread's spares when the lease is dropped (see `spare.rs`): a warm
-    /// thread allocates nothing. `None` only once a release in the background took them.
-    parts: Option<Box<LeaseParts>>,
+    parts: Holder,
     /// When the acquire, or the latest renew that found the lease, left for a remote store
     /// ([`crate::clock::real_nanos`], read before it was sent, so the store took or renewed
     /// the lease no sooner): what a release tells the store of the lease's age.
@@ -165,6 +163,47 @@ pub struct Lease {
     /// lease rebuilt from its token.
     taken: AtomicU64,
     done: bool,
+}
+
+/// Where a lease's parts are.
+enum Holder {
+    /// Its own, boxed, so that a lease moves as a pointer through the acquire's answer, and
+    /// the box goes back to its thread's spares when the lease is dropped (see `spare.rs`):
+    /// a warm thread allocates nothing.
+    Own(Box<LeaseParts>),
+    /// Those of the [`Slots`](crate::Slots) it was taken through, shared: nothing to fill
+    /// or keep, and the slots' handle to the lease set.
+    Slots(Arc<SlotsInner>),
+    /// Taken by a release in the background (only `Drop` sees this).
+    Gone,
+}
+
+impl Holder {
+    /// The parts; empty ones once a release in the background took them.
+    #[inline]
+    fn parts(&self) -> &LeaseParts {
+        static NONE: LeaseParts = LeaseParts {
+            identifiers: Vec::new(),
+            quotas: Vec::new(),
+            selectors: TokenSelectors::EMPTY,
+            leaf: 0,
+            set: None,
+        };
+        match self {
+            Holder::Own(parts) => parts,
+            Holder::Slots(slots) => &slots.parts,
+            Holder::Gone => &NONE,
+        }
+    }
+
+    /// Releases lease `id` on the memory store, through the set handle the parts have.
+    #[inline]
+    fn release_in(&self, memory: &MemoryStore, id: u64) -> Released {
+        match self {
+            Holder::Slots(slots) => slots.release_in(memory, id),
+            own => own.parts().release_in(memory, id),
+        }
+    }
 }
 
 impl fmt::Debug for Lease {
@@ -186,24 +225,33 @@ impl Lease {
         Lease {
             id,
             store,
-            parts: Some(parts),
+            parts: Holder::Own(parts),
             taken: AtomicU64::new(taken.unwrap_or(UNKNOWN)),
             done: false,
         }
     }
 
-    /// The parts; empty ones once a release in the background took them (which only
-    /// `Drop` sees).
+    /// A lease taken through `slots`, whose parts it shares.
+    #[inline]
+    pub(crate) fn in_slots(
+        id: LeaseId,
+        store: DynStore,
+        slots: Arc<SlotsInner>,
+        taken: Option<u64>,
+    ) -> Lease {
+        Lease {
+            id,
+            store,
+            parts: Holder::Slots(slots),
+            taken: AtomicU64::new(taken.unwrap_or(UNKNOWN)),
+            done: false,
+        }
+    }
+
+    /// The parts.
     #[inline]
     fn parts(&self) -> &LeaseParts {
-        static NONE: LeaseParts = LeaseParts {
-            identifiers: Vec::new(),
-            quotas: Vec::new(),
-            selectors: TokenSelectors::EMPTY,
-            leaf: 0,
-            set: None,
-        };
-        self.parts.as_deref().unwrap_or(&NONE)
+        self.parts.parts()
     }
 
     /// `taken`, when known.
@@ -218,7 +266,7 @@ impl Lease {
         Lease {
             id,
             store,
-            parts: Some(Box::new(parts)),
+            parts: Holder::Own(Box::new(parts)),
             taken: AtomicU64::new(UNKNOWN),
             done: true,
         }
@@ -242,7 +290,7 @@ impl Lease {
         self.done = true;
         if let Some(memory) = self.store.as_memory() {
             // In process: nothing to wait for.
-            return Ok(self.parts().release_in(memory, self.id.0));
+            return Ok(self.parts.release_in(memory, self.id.0));
         }
         // Boxed: this future stays small, and moves cheaply, for the memory store.
         Box::pin(self.release_remote()).await
@@ -283,12 +331,12 @@ impl Drop for Lease {
         if !self.done {
             match self.store.as_memory() {
                 Some(memory) => {
-                    self.parts().release_in(memory, self.id.0);
+                    self.parts.release_in(memory, self.id.0);
                 }
                 None => self.release_in_background(),
             }
         }
-        if let Some(parts) = self.parts.take() {
+        if let Holder::Own(parts) = std::mem::replace(&mut self.parts, Holder::Gone) {
             parts.keep_spare();
         }
     }
@@ -299,12 +347,11 @@ impl Lease {
     /// itself (a thread is never blocked on the store).
     #[cfg(feature = "tokio")]
     fn release_in_background(&mut self) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current()
-            && let Some(parts) = self.parts.take()
-        {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let parts = std::mem::replace(&mut self.parts, Holder::Gone);
             let (store, id, taken) = (self.store.clone(), self.id.0, self.taken());
             runtime.spawn(async move {
-                let _ = store.release(&parts.keys(taken), id).await;
+                let _ = store.release(&parts.parts().keys(taken), id).await;
             });
         }
     }

@@ -19,26 +19,34 @@ async fn acquire(limiter: &Limiter, policy: &str, selectors: &Selectors<'_>) -> 
     acquired.unwrap_or_else(|e| panic!("acquire {policy} {selectors:?}: {e}"))
 }
 
-/// 64 tasks over two limiters (two app servers) take leases on `x:3 concurrent`, each
-/// holding a few milliseconds, retrying until admitted: the holders' own count never
-/// exceeds 3, and every task is served before the deadline.
+/// 64 tasks over two limiters (two app servers) take leases on `x:3 concurrent`, half by
+/// policy name and selectors, half through each server's [`Slots`](crate::Slots) of the
+/// key, each holding a few milliseconds, retrying until admitted: the holders' own count
+/// never exceeds 3, and every task is served before the deadline.
 pub async fn leases_never_exceed_the_limit<F: StoreFactory>(factory: &F) {
     const LIMIT: usize = 3;
     let ns = Namespace::new("leases-race");
     let policies = || [ns.policy("x", "x:3 concurrent lease=1h")];
     let servers = [limiter(factory, policies()), limiter(factory, policies())];
+    let slots = servers
+        .each_ref()
+        .map(|server| server.slots("x", &[("x", "one")]).expect("slots"));
     let holding = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let deadline = Instant::now() + Duration::from_secs(60);
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
             let limiter = servers[task % 2].clone();
+            let slots = (task % 4 >= 2).then(|| slots[task % 2].clone());
             let (holding, most) = (holding.clone(), most.clone());
             tokio::spawn(async move {
                 let mut attempts = 0u32;
                 loop {
                     attempts += 1;
-                    let acquired = acquire(&limiter, "x", &[("x", "one")]).await;
+                    let acquired = match &slots {
+                        Some(slots) => slots.acquire().await.expect("acquire through slots"),
+                        None => acquire(&limiter, "x", &[("x", "one")]).await,
+                    };
                     if let Some(lease) = acquired.lease {
                         let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
@@ -171,4 +179,83 @@ pub async fn abandoned_leases_expire<F: StoreFactory>(factory: &F) {
         elapsed >= Duration::from_millis(990),
         "freed after {elapsed:?}"
     );
+}
+
+/// [`Slots`](crate::Slots) of a key count on the same slots as acquires by name, and
+/// their leases release, renew and hand on tokens as any lease; a compound rule's rate
+/// leaf is checked through them too; and slots of a policy without a concurrency leaf, of
+/// an unknown policy or with a selector missing are clear errors.
+pub async fn slots_are_the_keys_own<F: StoreFactory>(factory: &F) {
+    let ns = Namespace::new("leases-slots");
+    let limiter = limiter(
+        factory,
+        [
+            ns.policy("export", "user:2 concurrent lease=1h"),
+            ns.policy("both", "user:2/h; user:5 concurrent lease=1h"),
+            ns.policy("rate", "user:5/m"),
+        ],
+    );
+    let slots = limiter.slots("export", ALICE).expect("slots");
+    let first = slots.acquire().await.unwrap();
+    assert_eq!(first.checked.decision.remaining, 1);
+    let second = acquire(&limiter, "export", ALICE).await;
+    assert!(second.lease.is_some());
+    let denied = slots.acquire().await.unwrap();
+    assert!(denied.lease.is_none(), "both slots held, one each way");
+    assert!(matches!(
+        denied.checked.decision.denial,
+        Some(Denial::Occupied { .. })
+    ));
+    let first = first.lease.expect("admitted");
+    assert_eq!(first.release().await.unwrap(), Released::Released);
+    // A token of a lease taken through slots rebuilds and releases it.
+    let handed = slots.acquire().await.unwrap().lease.expect("freed at once");
+    let token = handed.token();
+    handed.forget();
+    assert!(slots.acquire().await.unwrap().lease.is_none());
+    let rebuilt = limiter.lease("export", &token).unwrap();
+    assert_eq!(rebuilt.release().await.unwrap(), Released::Released);
+    let renewed = slots
+        .acquire()
+        .await
+        .unwrap()
+        .lease
+        .expect("freed by the token");
+    let left = renewed.renew().await.unwrap().expect("still held");
+    assert!(
+        left <= HOUR && left > HOUR - Duration::from_secs(60),
+        "{left:?}"
+    );
+    assert_eq!(renewed.release().await.unwrap(), Released::Released);
+    assert_eq!(
+        second.lease.expect("admitted").release().await.unwrap(),
+        Released::Released
+    );
+
+    // A compound rule: its rate leaf is recorded through slots as through `acquire`.
+    let both = limiter.slots("both", BOB).expect("slots");
+    let a = both.acquire().await.unwrap().lease.expect("first");
+    let b = acquire(&limiter, "both", BOB).await.lease.expect("second");
+    let third = both.acquire().await.unwrap();
+    assert!(third.lease.is_none());
+    assert!(
+        !matches!(third.checked.decision.denial, Some(Denial::Occupied { .. })),
+        "refused by the rate: {:?}",
+        third.checked.decision.denial
+    );
+    assert_eq!(a.release().await.unwrap(), Released::Released);
+    assert_eq!(b.release().await.unwrap(), Released::Released);
+
+    assert!(matches!(
+        limiter.slots("rate", ALICE),
+        Err(Error::NoConcurrencyLeaf(_))
+    ));
+    assert!(matches!(
+        limiter.slots("nowhere", ALICE),
+        Err(Error::UnknownPolicy(_))
+    ));
+    assert!(matches!(
+        limiter.slots("export", &[]),
+        Err(Error::MissingSelector { .. })
+    ));
 }

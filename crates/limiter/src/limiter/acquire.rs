@@ -354,7 +354,7 @@ fn one_leaf_parts(
 
 /// The selector names of a policy's concurrency leaves, sorted, each once: what a lease
 /// token carries.
-fn lease_names(policy: &CompiledPolicy) -> impl Iterator<Item = &str> {
+pub(super) fn lease_names(policy: &CompiledPolicy) -> impl Iterator<Item = &str> {
     policy.lease_names.iter().map(String::as_str)
 }
 

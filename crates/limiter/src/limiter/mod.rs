@@ -6,6 +6,7 @@ mod handle;
 mod identify;
 mod lean;
 mod prefetch;
+mod slots;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,6 +25,8 @@ use crate::policy::{CompiledPolicy, Policy, PolicyError};
 use crate::store::{DynStore, Store, StoreError};
 
 pub use handle::{PolicyArg, PolicyRef, PolicyWatch};
+pub use slots::Slots;
+pub(crate) use slots::SlotsInner;
 
 /// The answer of [`Limiter::check`].
 #[derive(Clone)]
