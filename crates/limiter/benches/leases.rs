@@ -6,7 +6,9 @@
 //! One operation is an acquire followed by its release, on one key, with a free slot each
 //! time (the limit is 3, one holder per thread). `limiter_` calls `Limiter::acquire` with a
 //! policy handle and releases the `Lease` (`Lease::release`), as an application would;
-//! `store_` calls the memory store's `acquire_now` and `release_now` on a ready identifier.
+//! `slots_` does the same through the key's `Slots` (`Limiter::slots`, made once: one
+//! object per key, as the semaphore is); `store_` calls the memory store's `acquire_now`
+//! and `release_now` on a ready identifier.
 //! The semaphore side is `Semaphore::acquire().await` and dropping the permit. Both sides
 //! run in one async loop on a current-thread runtime per thread, as async closures that
 //! capture what they use once (no `Arc` cloned per operation, on either side). Sides
@@ -19,7 +21,7 @@
 //! sides print 0; one thread, as two contend and move the count from run to run). The
 //! instructions of one operation are the difference between two such runs of different
 //! `SLUICE_BENCH_OPS`, over the difference in operations (3 rounds; the semaphore side runs
-//! twice per round), which leaves out the setup.
+//! three times per round, once beside each row), which leaves out the setup.
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -69,8 +71,8 @@ where
 }
 
 /// Operations per thread per round: `OPS`, or `SLUICE_BENCH_OPS` (a small count for running
-/// under a profiler, `valgrind --tool=callgrind`). `SLUICE_BENCH_ONLY=limiter`, `store` or
-/// `semaphore` runs that side alone (the others print 0), so a profile holds one side.
+/// under a profiler, `valgrind --tool=callgrind`). `SLUICE_BENCH_ONLY=limiter`, `slots`,
+/// `store` or `semaphore` runs that side alone (the others print 0), so a profile holds one side.
 fn ops() -> u64 {
     std::env::var("SLUICE_BENCH_OPS")
         .ok()
@@ -107,14 +109,16 @@ fn main() {
     let store = limiter.store().as_memory().unwrap().clone();
     let id = Arc::new(Identifier::new("sluice:jobs:queue:mail:concurrent"));
     let semaphore = Arc::new(Semaphore::new(3));
+    let slots = limiter.slots(&policy, &[("queue", "mail")]).unwrap();
 
     // `SLUICE_BENCH_THREADS=1` (or 2) runs that count alone.
     let only: Option<usize> = std::env::var("SLUICE_BENCH_THREADS")
         .ok()
         .and_then(|n| n.parse().ok());
     for threads in [1, 2].into_iter().filter(|t| only.is_none_or(|o| o == *t)) {
-        let mut rows: [(&str, Vec<f64>, Vec<f64>); 2] = [
+        let mut rows: [(&str, Vec<f64>, Vec<f64>); 3] = [
             ("limiter_acquire_release", Vec::new(), Vec::new()),
+            ("slots_acquire_release", Vec::new(), Vec::new()),
             ("store_acquire_release", Vec::new(), Vec::new()),
         ];
         for _ in 0..ROUNDS {
@@ -124,8 +128,14 @@ fn main() {
                 let lease = acquired.unwrap().lease.expect("a free slot");
                 lease.release().await.unwrap();
             }));
+            let slots = slots.clone();
+            rows[1].1.push(timed_if("slots", threads, async move || {
+                let acquired = slots.acquire().await;
+                let lease = acquired.unwrap().lease.expect("a free slot");
+                lease.release().await.unwrap();
+            }));
             let (store, policy, id) = (store.clone(), policy.clone(), id.clone());
-            rows[1].1.push(timed_if("store", threads, async move || {
+            rows[2].1.push(timed_if("store", threads, async move || {
                 let hit = Hit {
                     identifiers: std::slice::from_ref(&*id),
                     evaluation: Evaluation {
