@@ -359,7 +359,7 @@ pub(super) fn lease_names(policy: &CompiledPolicy) -> impl Iterator<Item = &str>
 }
 
 /// One identifier per leaf, then the penalty record's when the policy has one.
-fn identifiers(
+pub(super) fn identifiers(
     policy: &CompiledPolicy,
     selectors: &Selectors<'_>,
 ) -> Result<Vec<Identifier>, Error> {

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sluice_core::Decision;
 
-use super::acquire::lease_names;
+use super::acquire::{identifiers, lease_names};
 use super::decide::{finish, hit};
-use super::identify::{write_leaf, write_penalty};
 use super::{Error, Limiter, PolicyArg, PolicyRef, Selectors, counting};
 use crate::identifier::Identifier;
 use crate::lease::{Acquired, Lease, LeaseId, LeaseParts, Released, TokenSelectors};
@@ -89,17 +88,7 @@ impl Limiter {
         if !policy.concurrent {
             return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
         }
-        let mut identifiers = Vec::with_capacity(policy.leaves.len() + 1);
-        for leaf in &policy.leaves {
-            let mut id = Identifier::default();
-            write_leaf(&mut id, &policy, leaf, selectors)?;
-            identifiers.push(id);
-        }
-        if policy.policy.penalty.is_some() {
-            let mut id = Identifier::default();
-            write_penalty(&mut id, &policy, selectors)?;
-            identifiers.push(id);
-        }
+        let identifiers = identifiers(&policy, selectors)?;
         let (held, quotas) = policy
             .leaves
             .iter()
