@@ -231,6 +231,26 @@ pub async fn slots_are_the_keys_own<F: StoreFactory>(factory: &F) {
         second.lease.expect("admitted").release().await.unwrap(),
         Released::Released
     );
+    // Dropped, a lease of slots releases as any lease does: at once in process, on a
+    // background task for a remote store.
+    let [one, two] = [slots.acquire().await, slots.acquire().await]
+        .map(|a| a.unwrap().lease.expect("both slots free"));
+    drop(one);
+    let remote = crate::store::Store::is_remote(&factory.store());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let three = loop {
+        if let Some(lease) = slots.acquire().await.unwrap().lease {
+            break lease;
+        }
+        assert!(remote, "a dropped lease frees its slot at once in process");
+        assert!(
+            Instant::now() < deadline,
+            "a dropped lease never freed its slot"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(two.release().await.unwrap(), Released::Released);
+    assert_eq!(three.release().await.unwrap(), Released::Released);
 
     // A compound rule: its rate leaf is recorded through slots as through `acquire`.
     let both = limiter.slots("both", BOB).expect("slots");
