@@ -10,6 +10,7 @@ writes DIR/done. Scenarios:
   lease-many the same, each acquire on a random one of 1,000,000 sets
   lease-floor-1  lease-1's commands only, batched as no script on sorted sets could beat:
              ZCARD, one ZREM of 8, one ZADD of 8 and PEXPIRE a call, nothing decided
+             (SLUICE_BENCH_FLOOR_READS=1 adds ZREMRANGEBYSCORE and ZRANGE -1 -1 WITHSCORES)
   (releases are sent as a `Lease` sends them while far from expiry, kind 0;
   SLUICE_BENCH_RELEASE_KIND=2 sends the release that asks the lease's expiry first)
   cell-1     16 redis-cell CL.THROTTLE commands per call, pipelined, on one key (the
@@ -278,9 +279,18 @@ elif scenario == "lease-floor-1":
     # fewest commands: the set's size, one ZREM of the last call's 8 leases, one ZADD of 8
     # new ones (one expiry for all) and the key's expiry; nothing decided, nothing answered
     # per lease. The floor of any script on this layout, however it batches.
+    # SLUICE_BENCH_FLOOR_READS=1 adds the two reads a decision needs besides the size: the
+    # drop of expired leases and the latest expiry.
+    reads = os.environ.get("SLUICE_BENCH_FLOOR_READS", "0") == "1"
     sha = client.script_load(
         "redis.call('ZCARD', KEYS[1])\n"
-        "redis.call('ZREM', KEYS[1], unpack(ARGV, 1, 8))\n"
+        + (
+            "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '1700000000000000')\n"
+            "redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')\n"
+            if reads
+            else ""
+        )
+        + "redis.call('ZREM', KEYS[1], unpack(ARGV, 1, 8))\n"
         "local adds = {}\n"
         "for i = 9, 16 do adds[#adds + 1] = '1700000060000000'; adds[#adds + 1] = ARGV[i] end\n"
         "redis.call('ZADD', KEYS[1], unpack(adds))\n"

@@ -26,7 +26,8 @@
 # of an MGET and its SET with an expiry, nothing decided: what no script can spare.
 # "lease-floor-1" (opt-in) counts lease-1's commands alone, batched as no script on sorted
 # sets could beat (one ZCARD, ZREM, ZADD and PEXPIRE a call, nothing decided): the floor
-# of a busy lease set, beside rate-1.
+# of a busy lease set, beside rate-1 (SLUICE_BENCH_FLOOR_READS=1 adds the drop of expired
+# leases and the read of the latest expiry).
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
