@@ -140,6 +140,7 @@ pub fn verdict(quota: &Quota, leases: &Leases, now: u64, cost: u64) -> Verdict {
 /// Takes lease `id` at `now` if a slot is free: drops the expired leases, then adds `id`
 /// expiring one lease time later. A denied acquire still drops the expired leases (that
 /// changes no answer). Taking an id already held renews it instead of holding two slots.
+#[inline]
 pub fn acquire(quota: &Quota, leases: &mut Leases, now: u64, id: u64) -> Verdict {
     leases.drop_expired(now);
     // Every lease left is unexpired: one pass finds `id` and the latest expiry, and the
@@ -212,6 +213,7 @@ impl Released {
 
 /// Releases lease `id` at `now`. Releasing twice, or a lease that expired, changes nothing
 /// but is reported.
+#[inline]
 pub fn release(leases: &mut Leases, now: u64, id: u64) -> Released {
     match leases.held.iter().position(|(held, _)| *held == id) {
         Some(at) => {

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use sluice_core::Decision;
+use sluice_core::{Algorithm, Decision};
 
 use super::acquire::{identifiers, lease_names};
 use super::decide::{finish, hit};
@@ -59,11 +59,23 @@ pub(crate) struct SlotsInner {
     /// The concurrency leaves' identifiers and quotas, and the token's selector values:
     /// what a lease releases, renews and is written as.
     pub(crate) parts: LeaseParts,
-    /// On the memory store, for a rule of one concurrency leaf, the handle to the key's
-    /// lease set (see [`MemoryStore::acquire_held`]), left by the first acquire and
-    /// replaced when the table let go of its set. The lock is held around a step on the
-    /// set, whose own lock it takes.
+    /// On the memory store, for a rule of one concurrency leaf, the key's lease set, pinned
+    /// in the table while these slots live (see [`MemoryStore::pin_set`]): an acquire or a
+    /// release takes the set's lock and no other.
+    pinned: Option<SetHandle>,
+    /// Once the pinned set has gone (a reset of the key, or an eviction), the handle to
+    /// the key's set that the table holds then (see [`MemoryStore::acquire_held`]), left
+    /// by an acquire and replaced when the table let go of its set. The lock is held
+    /// around a step on the set, whose own lock it takes.
     set: Mutex<Option<SetHandle>>,
+}
+
+impl Drop for SlotsInner {
+    fn drop(&mut self) {
+        if let Some(pinned) = &self.pinned {
+            MemoryStore::unpin_set(pinned);
+        }
+    }
 }
 
 impl fmt::Debug for Slots {
@@ -89,6 +101,19 @@ impl Limiter {
             return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
         }
         let identifiers = identifiers(&policy, selectors)?;
+        let pinned = self.store.as_memory().and_then(|memory| {
+            let hit = hit(&policy, &identifiers, 1, counting(&policy));
+            match (
+                hit.identifiers,
+                hit.evaluation.quotas,
+                hit.evaluation.penalty,
+            ) {
+                ([id], [quota], None) if quota.algorithm() == Algorithm::Concurrency => {
+                    Some(memory.pin_set(id))
+                }
+                _ => None,
+            }
+        });
         let (held, quotas) = policy
             .leaves
             .iter()
@@ -109,6 +134,7 @@ impl Limiter {
                 policy,
                 identifiers,
                 parts,
+                pinned,
                 set: Mutex::new(None),
             }),
         })
@@ -121,16 +147,29 @@ impl Slots {
     pub async fn acquire(&self) -> Result<Acquired, Error> {
         let inner = &self.inner;
         let id = LeaseId::random();
-        let hit = hit(
-            &inner.policy,
-            &inner.identifiers,
-            1,
-            counting(&inner.policy),
-        );
+        let pinned = |memory: &MemoryStore| {
+            let quota = inner.policy.quotas.first()?;
+            memory.acquire_pinned(inner.pinned.as_ref()?, quota, id.0)
+        };
+        let hit = || {
+            hit(
+                &inner.policy,
+                &inner.identifiers,
+                1,
+                counting(&inner.policy),
+            )
+        };
         let (decision, taken) = match inner.store.as_memory() {
             // In process: no age to keep (see `Limiter::sent_at`).
-            Some(memory) => (memory.acquire_held(&hit, id.0, &mut inner.set.lock()), None),
+            Some(memory) => match pinned(memory) {
+                Some(decision) => (decision, None),
+                None => (
+                    memory.acquire_held(&hit(), id.0, &mut inner.set.lock()),
+                    None,
+                ),
+            },
             None => {
+                let hit = hit();
                 // See `Limiter::sent_at`.
                 let taken = inner.store.is_remote().then(crate::clock::real_nanos);
                 (Box::pin(inner.store.acquire(&hit, id.0)).await?, taken)
@@ -165,6 +204,15 @@ impl SlotsInner {
     /// once every lease there has expired: the lease is then held nowhere, as the table
     /// would answer.
     pub(crate) fn release_in(&self, memory: &MemoryStore, id: u64) -> Released {
+        // While the pinned set is the table's, every lease of these slots was taken there:
+        // the fallback's set is used only once the pinned one has gone, for good.
+        if let Some(found) = self
+            .pinned
+            .as_ref()
+            .and_then(|pinned| memory.release_pinned(pinned, id))
+        {
+            return found;
+        }
         let found = self
             .set
             .lock()

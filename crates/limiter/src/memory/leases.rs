@@ -21,8 +21,11 @@
 //! in one hold of that lock (`Cell::retained`); a handle that finds its set gone goes to
 //! the table instead, and a release through it answers `NotHeld`, as the table would.
 //!
-//! A holder of [`Slots`](crate::Slots) reaches the set through the handle the slots keep,
-//! as a thread does through its kept one.
+//! [`Slots`](crate::Slots) pin their key's set when they are made
+//! ([`MemoryStore::pin_set`]): a sweep keeps a pinned set even empty, so the slots' handle
+//! to it stays good, and their acquires and releases take the set's lock and no other. Only
+//! a reset of the key, or an eviction from a shard full of pinned sets, lets go of it; the
+//! slots then reach the table's set as a thread does, through a handle they replace.
 //!
 //! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread; see the
 //! README), acquire + release through the `Limiter`: 923 instructions (974 in the bench
@@ -197,15 +200,11 @@ impl MemoryStore {
         if let ([id], [quota], None) = (hit.identifiers, ev.quotas, ev.penalty)
             && quota.algorithm() == Algorithm::Concurrency
         {
-            if let Some(held) = handle.as_ref().filter(|h| h.store == self.inner.id) {
-                let now = self.inner.clock.now();
-                let mut set = held.set.lock();
-                if !set.gone {
-                    let expired = set.leases.drop_expired(now);
-                    let verdict = concurrency::acquire(quota, &mut set.leases, now, lease);
-                    drop(set);
-                    return self.acquired(expired, &verdict, quota);
-                }
+            if let Some(decision) = handle
+                .as_ref()
+                .and_then(|held| self.acquire_pinned(held, quota, lease))
+            {
+                return decision;
             }
             let store = self.inner.id;
             return self.acquire_one(id, quota, lease, |set| {
@@ -227,14 +226,95 @@ impl MemoryStore {
         if handle.store != self.inner.id {
             return None;
         }
+        Some(
+            self.release_pinned(handle, lease)
+                .unwrap_or(Released::NotHeld),
+        )
+    }
+
+    /// The lease set of `id`, a concurrency leaf's identifier, pinned for [`Slots`]: made
+    /// empty when the table holds none, and kept in the table, even empty, until
+    /// [`MemoryStore::unpin_set`] (see [`SetState::expires_at`]). A pinned set may still
+    /// go (a reset of the key, or an eviction from a shard full of pinned sets): then
+    /// [`MemoryStore::acquire_pinned`] and [`MemoryStore::release_pinned`] answer `None`.
+    ///
+    /// [`Slots`]: crate::Slots
+    pub(crate) fn pin_set(&self, id: &Identifier) -> SetHandle {
+        let store = self.inner.id;
+        let pin = |set: &SharedSet, state: &mut SetState| {
+            state.pins += 1;
+            SetHandle {
+                store,
+                set: set.clone(),
+            }
+        };
+        let hash = self.hash(id);
+        if let Some(handle) = self.in_place(id, hash, pin) {
+            return handle;
+        }
+        let now = self.inner.clock.now();
+        let mut table = self.inner.shards[self.shard_of(hash)].write();
+        if let Some((
+            _,
+            Cell {
+                value: CellValue::Leases(set),
+                ..
+            },
+        )) = table.cells.find_mut(hash, |(k, _)| k == id.as_str())
+        {
+            // Added by another acquire since the shared lock was let go.
+            return pin(&set.0, &mut set.0.lock());
+        }
+        let set = TableSet::new(concurrency::Leases::default());
+        let handle = pin(&set.0, &mut set.0.lock());
+        let swept = put_cell(&mut table, hash, id, CellValue::Leases(set), 0, self, now);
+        drop(table);
+        self.count_swept(swept);
+        handle
+    }
+
+    /// Lets go of a pin [`MemoryStore::pin_set`] made: the set is swept once empty again.
+    pub(crate) fn unpin_set(handle: &SetHandle) {
+        let mut set = handle.set.lock();
+        set.pins = set.pins.saturating_sub(1);
+    }
+
+    /// Takes lease `lease` of a rule of one concurrency leaf, `quota`, in the set `handle`
+    /// holds, when it is this store's and the table still holds it: neither the
+    /// identifier's hash nor the shard's lock, only the set's. `None`, having done nothing,
+    /// otherwise.
+    #[inline]
+    pub(crate) fn acquire_pinned(
+        &self,
+        handle: &SetHandle,
+        quota: &Quota,
+        lease: u64,
+    ) -> Option<Decision> {
+        if handle.store != self.inner.id {
+            return None;
+        }
+        let now = self.inner.clock.now();
+        let mut set = handle.set.lock();
+        if set.gone {
+            return None;
+        }
+        let expired = set.leases.drop_expired(now);
+        let verdict = concurrency::acquire(quota, &mut set.leases, now, lease);
+        drop(set);
+        Some(self.acquired(expired, &verdict, quota))
+    }
+
+    /// Releases `lease` in the set `handle` holds, this store's: `None`, having done
+    /// nothing, when the table let go of that set.
+    #[inline]
+    pub(crate) fn release_pinned(&self, handle: &SetHandle, lease: u64) -> Option<Released> {
         let now = self.inner.clock.now();
         let found = {
             let mut set = handle.set.lock();
             if set.gone {
-                Released::NotHeld
-            } else {
-                concurrency::release(&mut set.leases, now, lease)
+                return None;
             }
+            concurrency::release(&mut set.leases, now, lease)
         };
         if found == Released::Expired {
             self.inner.leases_expired.fetch_add(1, Ordering::Relaxed);
@@ -398,9 +478,10 @@ mod tests {
     }
 
     /// Sweeps drop every emptied lease set while threads take and release leases on its
-    /// identifier, through handles to it (a thread's, and the shared [`Slots`]') and
-    /// through the table (a compound rule on the same identifier): never more than the one
-    /// slot is held, and nothing stays held at the end.
+    /// identifier, through handles to it (a thread's, and [`Slots`]' pinned one, made and
+    /// dropped as they go, so that sets are pinned and unpinned as sweeps run) and through
+    /// the table (a compound rule on the same identifier): never more than the one slot is
+    /// held, and nothing stays held at the end.
     ///
     /// [`Slots`]: crate::Slots
     #[test]
@@ -408,7 +489,6 @@ mod tests {
         let store = MemoryStore::new();
         let limiter = one_leaf_and_compound(&store, "x:1 concurrent", "x:1000000000/s");
         let x = &[("x", "a")];
-        let slots = limiter.slots("one", x).unwrap();
         let (holding, most, admitted, working) = (
             Arc::new(AtomicUsize::new(0)),
             Arc::new(AtomicUsize::new(0)),
@@ -428,9 +508,8 @@ mod tests {
         };
         let threads: Vec<_> = (0..3)
             .map(|thread| {
-                let (limiter, slots, holding, most, admitted, working) = (
+                let (limiter, holding, most, admitted, working) = (
                     limiter.clone(),
-                    slots.clone(),
                     holding.clone(),
                     most.clone(),
                     admitted.clone(),
@@ -440,7 +519,7 @@ mod tests {
                     runtime().block_on(async {
                         for i in 0..20_000 {
                             let acquired = match (thread + i) % 4 {
-                                3 => slots.acquire().await,
+                                3 => limiter.slots("one", x).unwrap().acquire().await,
                                 way => limiter.acquire(["one", "one", "two"][way], x).await,
                             }
                             .unwrap();
@@ -462,6 +541,10 @@ mod tests {
         }
         let sweeps = sweeper.join().unwrap();
         assert!(sweeps > 0);
+        assert!(
+            store.stats().expired > 0,
+            "sweeps dropped sets under the handles"
+        );
         assert_eq!(
             most.load(Ordering::SeqCst),
             1,
@@ -470,6 +553,80 @@ mod tests {
         assert!(admitted.load(Ordering::SeqCst) > 0);
         let free = runtime().block_on(limiter.acquire("one", x)).unwrap();
         assert!(free.lease.is_some(), "every lease was released");
+    }
+
+    /// Slots pin their key's lease set: a sweep keeps it, empty and expired, while they live
+    /// (their acquires and releases then take the set's lock alone), and drops it once they
+    /// are gone.
+    #[test]
+    fn slots_pin_their_set_against_sweeps() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("one", "x:1 concurrent lease=1s").unwrap())
+            .build()
+            .unwrap();
+        let x = &[("x", "a")];
+        let slots = limiter.slots("one", x).unwrap();
+        assert_eq!(store.stats().identifiers, 1, "made with the slots");
+        runtime().block_on(async {
+            let lease = slots.acquire().await.unwrap().lease.unwrap();
+            assert_eq!(lease.release().await.unwrap(), Released::Released);
+            let expired = slots.acquire().await.unwrap().lease.unwrap();
+            clock.advance(Duration::from_secs(2));
+            store.sweep();
+            assert_eq!(store.stats().identifiers, 1, "kept while pinned");
+            assert_eq!(store.stats().expired, 0);
+            assert_eq!(expired.release().await.unwrap(), Released::Expired);
+            let held = slots.acquire().await.unwrap().lease.unwrap();
+            let by_name = limiter.acquire("one", x).await.unwrap();
+            assert!(by_name.lease.is_none(), "one set, by slots and by name");
+            drop(held);
+        });
+        let clone = slots.clone();
+        drop(slots);
+        clock.advance(Duration::from_secs(2));
+        store.sweep();
+        assert_eq!(store.stats().identifiers, 1, "a clone still pins it");
+        drop(clone);
+        store.sweep();
+        assert_eq!(store.stats().identifiers, 0, "unpinned, the empty set goes");
+        assert_eq!(store.stats().expired, 1);
+    }
+
+    /// A reset of the key drops the set the slots pinned: they then take their leases in
+    /// the table's new set, shared with acquires by name, and a lease taken in the old set
+    /// is held nowhere.
+    #[test]
+    fn slots_whose_pinned_set_went_use_the_tables() {
+        let store = MemoryStore::new();
+        let limiter = one_leaf_and_compound(&store, "x:1 concurrent", "x:1000000/s");
+        let x = &[("x", "a")];
+        let slots = limiter.slots("one", x).unwrap();
+        runtime().block_on(async {
+            let old = slots.acquire().await.unwrap().lease.unwrap();
+            limiter.reset("one", x).await.unwrap();
+            let new = slots
+                .acquire()
+                .await
+                .unwrap()
+                .lease
+                .expect("the reset freed the slot");
+            for policy in ["one", "two"] {
+                let by_name = limiter.acquire(policy, x).await.unwrap();
+                assert!(
+                    by_name.lease.is_none(),
+                    "the slots' lease is in the table's set"
+                );
+            }
+            assert_eq!(old.release().await.unwrap(), Released::NotHeld);
+            assert!(slots.acquire().await.unwrap().lease.is_none());
+            assert_eq!(new.release().await.unwrap(), Released::Released);
+            let by_name = limiter.acquire("two", x).await.unwrap().lease.unwrap();
+            assert!(slots.acquire().await.unwrap().lease.is_none());
+            drop(by_name);
+            assert!(slots.acquire().await.unwrap().lease.is_some());
+        });
     }
 
     /// Two limiters on two memory stores, one policy handle: a set handle is one store's,

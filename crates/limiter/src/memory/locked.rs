@@ -99,12 +99,12 @@ impl MemoryStore {
         for (i, state) in step.states.into_iter().enumerate() {
             match (&mut held[i], state) {
                 (Some(set), State::Concurrency(leases)) => {
-                    if leases.expires_at() <= now {
+                    set.leases = leases;
+                    if set.expires_at() <= now {
                         // Marked in this hold of its lock, as `Cell::retained` does.
                         set.gone = true;
                         emptied.push(i);
                     }
-                    set.leases = leases;
                 }
                 (_, state) => rest.push((i, state)),
             }

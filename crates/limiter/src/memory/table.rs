@@ -50,6 +50,22 @@ pub(crate) struct SetState {
     /// The table let go of this set (removed, replaced, evicted, or the store dropped): a
     /// holder that kept a handle to it finds its identifier's set in the table again.
     pub(crate) gone: bool,
+    /// How many [`Slots`](crate::Slots) hold this set pinned (see
+    /// [`super::MemoryStore::pin_set`]): a pinned set is never swept, even empty, and is
+    /// evicted last, so their handle to it stays good.
+    pub(crate) pins: u32,
+}
+
+impl SetState {
+    /// When the set is equivalent to fresh: once its last lease has expired, never while
+    /// it is pinned.
+    pub(crate) fn expires_at(&self) -> u64 {
+        if self.pins > 0 {
+            u64::MAX
+        } else {
+            self.leases.expires_at()
+        }
+    }
 }
 
 /// A lease set as holders reach it without the table (see [`super::SetHandle`]).
@@ -66,6 +82,7 @@ impl TableSet {
         TableSet(Arc::new(Mutex::new(SetState {
             leases,
             gone: false,
+            pins: 0,
         })))
     }
 }
@@ -77,10 +94,11 @@ impl Drop for TableSet {
 }
 
 impl Cell {
-    /// When the state is equivalent to fresh: a lease set once its last lease has expired.
+    /// When the state is equivalent to fresh: a lease set once its last lease has expired
+    /// (see [`SetState::expires_at`]).
     pub(crate) fn expiry(&mut self) -> u64 {
         match &mut self.value {
-            CellValue::Leases(set) => set.0.lock().leases.expires_at(),
+            CellValue::Leases(set) => set.0.lock().expires_at(),
             _ => *self.expires_at.get_mut(),
         }
     }
@@ -92,7 +110,7 @@ impl Cell {
         match &mut self.value {
             CellValue::Leases(set) => {
                 let mut set = set.0.lock();
-                let kept = keep(set.leases.expires_at());
+                let kept = keep(set.expires_at());
                 set.gone |= !kept;
                 kept
             }
