@@ -37,7 +37,7 @@ use sluice_core::{Algorithm, Decision, PenaltyState, State, evaluate};
 
 use smallvec::SmallVec;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, StoreClock, SystemClock};
 use crate::identifier::Identifier;
 use crate::store::{Hit, Store, StoreError};
 use table::{Cell, CellValue, KeyHasher, Probe, Table};
@@ -94,7 +94,7 @@ struct Inner {
     shards: Box<[Shard]>,
     shard_cap: usize,
     hasher: KeyHasher,
-    clock: Arc<dyn Clock>,
+    clock: StoreClock,
     evictions: AtomicU64,
     expired: AtomicU64,
     /// Leases dropped because they expired instead of being released.
@@ -122,7 +122,7 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_identifiers: DEFAULT_MAX_IDENTIFIERS,
             shards: 64,
-            clock: Arc::new(SystemClock::new()),
+            clock: StoreClock::System(SystemClock::new()),
         }
     }
 
@@ -430,7 +430,7 @@ impl Store for MemoryStore {
 pub struct MemoryStoreBuilder {
     max_identifiers: usize,
     shards: usize,
-    clock: Arc<dyn Clock>,
+    clock: StoreClock,
 }
 
 impl MemoryStoreBuilder {
@@ -448,7 +448,7 @@ impl MemoryStoreBuilder {
     }
 
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = StoreClock::new(clock);
         self
     }
 
