@@ -6,9 +6,11 @@
 //! One operation is an acquire followed by its release, on one key, with a free slot each
 //! time (the limit is 3, one holder per thread). `limiter_` calls `Limiter::acquire` with a
 //! policy handle and releases the `Lease` (`Lease::release`), as an application would;
-//! `slots_` does the same through the key's `Slots` (`Limiter::slots`, made once: one
-//! object per key, as the semaphore is); `store_` calls the memory store's `acquire_now`
-//! and `release_now` on a ready identifier.
+//! `slots_acquire_` does the same through the key's `Slots` (`Limiter::slots`, made once:
+//! one object per key, as the semaphore is); `slots_permit_drop` takes a `SlotPermit`
+//! (`Slots::permit`, borrowed from the slots as the semaphore's permit is from the
+//! semaphore) and drops it, as the semaphore side does; `store_` calls the memory store's
+//! `acquire_now` and `release_now` on a ready identifier.
 //! The semaphore side is `Semaphore::acquire().await` and dropping the permit. Both sides
 //! run in one async loop on a current-thread runtime per thread, as async closures that
 //! capture what they use once (no `Arc` cloned per operation, on either side). Sides
@@ -21,7 +23,7 @@
 //! sides print 0; one thread, as two contend and move the count from run to run). The
 //! instructions of one operation are the difference between two such runs of different
 //! `SLUICE_BENCH_OPS`, over the difference in operations (3 rounds; the semaphore side runs
-//! three times per round, once beside each row), which leaves out the setup.
+//! four times per round, once beside each row), which leaves out the setup.
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -71,7 +73,7 @@ where
 }
 
 /// Operations per thread per round: `OPS`, or `SLUICE_BENCH_OPS` (a small count for running
-/// under a profiler, `valgrind --tool=callgrind`). `SLUICE_BENCH_ONLY=limiter`, `slots`,
+/// under a profiler, `valgrind --tool=callgrind`). `SLUICE_BENCH_ONLY=limiter`, `slots`, `permit`,
 /// `store` or `semaphore` runs that side alone (the others print 0), so a profile holds one side.
 fn ops() -> u64 {
     std::env::var("SLUICE_BENCH_OPS")
@@ -116,9 +118,10 @@ fn main() {
         .ok()
         .and_then(|n| n.parse().ok());
     for threads in [1, 2].into_iter().filter(|t| only.is_none_or(|o| o == *t)) {
-        let mut rows: [(&str, Vec<f64>, Vec<f64>); 3] = [
+        let mut rows: [(&str, Vec<f64>, Vec<f64>); 4] = [
             ("limiter_acquire_release", Vec::new(), Vec::new()),
             ("slots_acquire_release", Vec::new(), Vec::new()),
+            ("slots_permit_drop", Vec::new(), Vec::new()),
             ("store_acquire_release", Vec::new(), Vec::new()),
         ];
         for _ in 0..ROUNDS {
@@ -128,14 +131,18 @@ fn main() {
                 let lease = acquired.unwrap().lease.expect("a free slot");
                 lease.release().await.unwrap();
             }));
-            let slots = slots.clone();
+            let (leases, permits) = (slots.clone(), slots.clone());
             rows[1].1.push(timed_if("slots", threads, async move || {
-                let acquired = slots.acquire().await;
+                let acquired = leases.acquire().await;
                 let lease = acquired.unwrap().lease.expect("a free slot");
                 lease.release().await.unwrap();
             }));
+            rows[2].1.push(timed_if("permit", threads, async move || {
+                let permit = permits.permit().await.unwrap().expect("a free slot");
+                drop(permit);
+            }));
             let (store, policy, id) = (store.clone(), policy.clone(), id.clone());
-            rows[2].1.push(timed_if("store", threads, async move || {
+            rows[3].1.push(timed_if("store", threads, async move || {
                 let hit = Hit {
                     identifiers: std::slice::from_ref(&*id),
                     evaluation: Evaluation {

@@ -78,7 +78,7 @@ pub use exact::{
 };
 pub use leases::{
     abandoned_leases_expire, leases_never_exceed_the_limit, release_frees_at_once,
-    renew_keeps_a_lease, slots_are_the_keys_own,
+    renew_keeps_a_lease, slot_permits_hold_the_keys_slots, slots_are_the_keys_own,
 };
 pub use requests::{
     cost_above_capacity_is_never, peek_and_cost_zero_record_nothing, reset_pardons_one_key_only,
@@ -136,6 +136,8 @@ pub async fn run_all_concurrency<F: StoreFactory>(factory: &F) {
     release_frees_at_once(factory).await;
     renew_keeps_a_lease(factory).await;
     abandoned_leases_expire(factory).await;
+    slots_are_the_keys_own(factory).await;
+    slot_permits_hold_the_keys_slots(factory).await;
     reservations_keep_the_books(factory).await;
 }
 
@@ -203,6 +205,7 @@ macro_rules! concurrency_conformance_tests {
             renew_keeps_a_lease
             abandoned_leases_expire
             slots_are_the_keys_own
+            slot_permits_hold_the_keys_slots
             reservations_keep_the_books
         }
     };

@@ -30,7 +30,7 @@ pub(crate) use token::{
 pub struct LeaseId(pub u64);
 
 /// [`Lease`]'s `taken` when its age is not known.
-const UNKNOWN: u64 = u64::MAX;
+pub(crate) const UNKNOWN: u64 = u64::MAX;
 
 /// Lease numbers a thread takes at once (see [`LeaseId::random`]).
 const ID_BLOCK: u64 = 1 << 20;
@@ -257,7 +257,7 @@ impl Lease {
     /// `taken`, when known.
     #[inline]
     fn taken(&self) -> Option<u64> {
-        Some(self.taken.load(Ordering::Relaxed)).filter(|&taken| taken != UNKNOWN)
+        known(&self.taken)
     }
 
     /// A lease rebuilt from its token: its holder is elsewhere, so dropping this one
@@ -305,16 +305,7 @@ impl Lease {
     /// Extends the lease to one lease time from now: the time it has left, or `None` if it
     /// had expired (it cannot come back; acquire again).
     pub async fn renew(&self) -> Result<Option<Duration>, Error> {
-        let sent = self.taken().map(|_| crate::clock::real_nanos());
-        let left = self
-            .store
-            .renew(&self.parts().keys(None), self.id.0)
-            .await?;
-        if let (Some(sent), Some(_)) = (sent, left) {
-            // Renewed from no sooner than `sent`: the lease's age counts from there now.
-            self.taken.fetch_max(sent, Ordering::Relaxed);
-        }
-        Ok(left)
+        renew(&self.store, self.parts(), self.id, &self.taken).await
     }
 
     /// Lets go of the guard without releasing: the slot stays held until the lease expires
@@ -324,6 +315,29 @@ impl Lease {
         self.done = true;
         self.id
     }
+}
+
+/// A lease's `taken` (see [`Lease`]), when known.
+#[inline]
+pub(crate) fn known(taken: &AtomicU64) -> Option<u64> {
+    Some(taken.load(Ordering::Relaxed)).filter(|&taken| taken != UNKNOWN)
+}
+
+/// Renews lease `id` of `parts` on `store`: the time it has left, or `None` if it had
+/// expired. `taken` moves to when the renew was sent, when it is known.
+pub(crate) async fn renew(
+    store: &DynStore,
+    parts: &LeaseParts,
+    id: LeaseId,
+    taken: &AtomicU64,
+) -> Result<Option<Duration>, Error> {
+    let sent = known(taken).map(|_| crate::clock::real_nanos());
+    let left = store.renew(&parts.keys(None), id.0).await?;
+    if let (Some(sent), Some(_)) = (sent, left) {
+        // Renewed from no sooner than `sent`: the lease's age counts from there now.
+        taken.fetch_max(sent, Ordering::Relaxed);
+    }
+    Ok(left)
 }
 
 impl Drop for Lease {

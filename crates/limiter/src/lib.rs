@@ -63,7 +63,7 @@ pub use identifier::selector_value;
 pub use lease::{Acquired, Lease, LeaseId, Released, Reservation, Reserved};
 pub use limiter::{
     Checked, Decided, Error, Limiter, LimiterBuilder, PolicyArg, PolicyRef, PolicyWatch, Selectors,
-    Slots,
+    SlotPermit, Slots,
 };
 pub use memory::{MemoryStats, MemoryStore};
 pub use policy::{CompiledLeaf, CompiledPolicy, Policy, PolicyError};

@@ -12,7 +12,7 @@ use sluice_core::Denial;
 
 use super::StoreFactory;
 use super::harness::{ALICE, BOB, HOUR, Namespace, TASKS, limiter};
-use crate::{Acquired, Error, Lease, Limiter, Released, Selectors};
+use crate::{Acquired, Error, Lease, Limiter, Released, Selectors, SlotPermit};
 
 async fn acquire(limiter: &Limiter, policy: &str, selectors: &Selectors<'_>) -> Acquired {
     let acquired = limiter.acquire(policy, selectors).await;
@@ -20,9 +20,10 @@ async fn acquire(limiter: &Limiter, policy: &str, selectors: &Selectors<'_>) -> 
 }
 
 /// 64 tasks over two limiters (two app servers) take leases on `x:3 concurrent`, half by
-/// policy name and selectors, half through each server's [`Slots`](crate::Slots) of the
-/// key, each holding a few milliseconds, retrying until admitted: the holders' own count
-/// never exceeds 3, and every task is served before the deadline.
+/// policy name and selectors, a quarter through each server's [`Slots`](crate::Slots) of
+/// the key and a quarter as their [`SlotPermit`](crate::SlotPermit)s, each holding a few
+/// milliseconds, retrying until admitted: the holders' own count never exceeds 3, and
+/// every task is served before the deadline.
 pub async fn leases_never_exceed_the_limit<F: StoreFactory>(factory: &F) {
     const LIMIT: usize = 3;
     let ns = Namespace::new("leases-race");
@@ -43,21 +44,28 @@ pub async fn leases_never_exceed_the_limit<F: StoreFactory>(factory: &F) {
                 let mut attempts = 0u32;
                 loop {
                     attempts += 1;
-                    let acquired = match &slots {
-                        Some(slots) => slots.acquire().await.expect("acquire through slots"),
-                        None => acquire(&limiter, "x", &[("x", "one")]).await,
+                    let (held, denial) = match &slots {
+                        Some(slots) if task % 4 == 3 => {
+                            match slots.permit().await.expect("a permit of slots") {
+                                Ok(permit) => (Some(Holding::Permit(permit)), None),
+                                Err(decision) => (None, decision.denial),
+                            }
+                        }
+                        Some(slots) => {
+                            Holding::of(slots.acquire().await.expect("acquire through slots"))
+                        }
+                        None => Holding::of(acquire(&limiter, "x", &[("x", "one")]).await),
                     };
-                    if let Some(lease) = acquired.lease {
+                    if let Some(held) = held {
                         let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
                         // Hold a few ms (1 to 4, by task), as real work would.
                         tokio::time::sleep(Duration::from_millis(1 + task as u64 % 4)).await;
                         holding.fetch_sub(1, Ordering::SeqCst);
-                        let released = lease.release().await.expect("release");
+                        let released = held.release().await.expect("release");
                         assert_eq!(released, Released::Released, "task {task}");
                         return attempts;
                     }
-                    let denial = acquired.checked.decision.denial;
                     assert!(
                         matches!(denial, Some(Denial::Occupied { .. })),
                         "task {task}: {denial:?}"
@@ -77,6 +85,27 @@ pub async fn leases_never_exceed_the_limit<F: StoreFactory>(factory: &F) {
     // Every lease was released: all three slots are free again.
     let d = acquire(&servers[0], "x", &[("x", "one")]).await;
     assert_eq!(d.checked.decision.remaining, 2);
+}
+
+/// What a task of the race holds while it works: a lease, or a permit of its slots.
+enum Holding<'a> {
+    Lease(Lease),
+    Permit(SlotPermit<'a>),
+}
+
+impl Holding<'_> {
+    /// The lease an acquire took, if any, and the denial that refused it.
+    fn of(acquired: Acquired) -> (Option<Holding<'static>>, Option<Denial>) {
+        let denial = acquired.checked.decision.denial;
+        (acquired.lease.map(Holding::Lease), denial)
+    }
+
+    async fn release(self) -> Result<Released, Error> {
+        match self {
+            Holding::Lease(lease) => lease.release().await,
+            Holding::Permit(permit) => permit.release().await,
+        }
+    }
 }
 
 /// Releasing frees a slot at once; releasing twice is harmless and reported; a lease of one
@@ -115,13 +144,13 @@ pub async fn release_frees_at_once<F: StoreFactory>(factory: &F) {
     assert_ne!(id.to_string(), "");
 }
 
-/// The lease `take` gets once the slot a lease dropped just now is free again: at once in
+/// The lease (or permit) `take` gets once the slot a lease dropped just now is free again: at once in
 /// process; on a remote store once the drop's background release has reached it, which
 /// this polls for (there is nothing to wait on but the store's answer), within 10 s.
-async fn freed_after_drop<F: StoreFactory>(
+async fn freed_after_drop<F: StoreFactory, T>(
     factory: &F,
-    mut take: impl AsyncFnMut() -> Option<Lease>,
-) -> Lease {
+    mut take: impl AsyncFnMut() -> Option<T>,
+) -> T {
     let remote = crate::store::Store::is_remote(&factory.store());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -279,4 +308,87 @@ pub async fn slots_are_the_keys_own<F: StoreFactory>(factory: &F) {
         limiter.slots("export", &[]),
         Err(Error::MissingSelector { .. })
     ));
+}
+
+/// [`SlotPermit`]s hold the key's slots as leases do: they count with acquires by name,
+/// are refused with the decision, release, renew and hand on tokens, free their slot when
+/// dropped, check a compound rule's rate leaf, and under a shadow policy admit without a
+/// slot.
+pub async fn slot_permits_hold_the_keys_slots<F: StoreFactory>(factory: &F) {
+    let ns = Namespace::new("leases-permits");
+    let limiter = limiter(
+        factory,
+        [
+            ns.policy("export", "user:2 concurrent lease=1h"),
+            ns.policy("both", "user:2/h; user:5 concurrent lease=1h"),
+            ns.policy("watch", "user:1 concurrent lease=1h")
+                .shadow(true),
+        ],
+    );
+    let slots = limiter.slots("export", ALICE).expect("slots");
+    let first = slots.permit().await.unwrap().expect("free");
+    assert!(first.holds_slot());
+    let second = acquire(&limiter, "export", ALICE)
+        .await
+        .lease
+        .expect("free");
+    let denied = slots.permit().await.unwrap().expect_err("both slots held");
+    match denied.denial {
+        Some(Denial::Occupied { retry_after }) => {
+            assert!(retry_after <= HOUR && retry_after > HOUR - Duration::from_secs(60));
+        }
+        other => panic!("expected occupied, got {other:?}"),
+    }
+    assert_eq!(denied.limit, 2);
+    assert_eq!(first.release().await.unwrap(), Released::Released);
+    // A token of a permit rebuilds its lease, and releases it.
+    let handed = slots.permit().await.unwrap().expect("freed at once");
+    let token = handed.token();
+    assert_eq!(handed.forget().to_string(), token[..16]);
+    assert!(
+        slots.permit().await.unwrap().is_err(),
+        "a forgotten permit holds its slot"
+    );
+    let rebuilt = limiter.lease("export", &token).unwrap();
+    assert_eq!(rebuilt.release().await.unwrap(), Released::Released);
+    let renewed = slots.permit().await.unwrap().expect("freed by the token");
+    let left = renewed.renew().await.unwrap().expect("still held");
+    assert!(
+        left <= HOUR && left > HOUR - Duration::from_secs(60),
+        "{left:?}"
+    );
+    // Dropped, a permit releases as a lease does: at once in process, on a background
+    // task for a remote store.
+    drop(renewed);
+    let third = freed_after_drop(factory, async || slots.permit().await.unwrap().ok()).await;
+    assert_eq!(second.release().await.unwrap(), Released::Released);
+    assert_eq!(third.release().await.unwrap(), Released::Released);
+
+    // A compound rule: its rate leaf is recorded and checked through permits too.
+    let both = limiter.slots("both", BOB).expect("slots");
+    let a = both.permit().await.unwrap().expect("first");
+    let b = acquire(&limiter, "both", BOB).await.lease.expect("second");
+    let refused = both.permit().await.unwrap().expect_err("the rate is spent");
+    assert!(
+        !matches!(refused.denial, Some(Denial::Occupied { .. })),
+        "refused by the rate: {:?}",
+        refused.denial
+    );
+    assert_eq!(a.release().await.unwrap(), Released::Released);
+    assert_eq!(b.release().await.unwrap(), Released::Released);
+
+    // A shadow policy admits what it would deny, without a slot: nothing to release.
+    let watch = limiter.slots("watch", ALICE).expect("slots");
+    let held = watch.permit().await.unwrap().expect("free");
+    assert!(held.holds_slot());
+    let shadowed = watch
+        .permit()
+        .await
+        .unwrap()
+        .expect("a shadow policy admits");
+    assert!(!shadowed.holds_slot());
+    assert_eq!(shadowed.renew().await.unwrap(), None);
+    assert_eq!(shadowed.release().await.unwrap(), Released::NotHeld);
+    assert_eq!(held.release().await.unwrap(), Released::Released);
+    assert!(watch.permit().await.unwrap().expect("free").holds_slot());
 }

@@ -318,7 +318,7 @@ impl Answer {
 
 /// A shadow policy's denial reported, not enforced: the decision to act on, and whether the
 /// policy would have denied.
-fn shadowed(policy: &CompiledPolicy, mut decision: Decision) -> (Decision, bool) {
+pub(super) fn shadowed(policy: &CompiledPolicy, mut decision: Decision) -> (Decision, bool) {
     let shadow_denied = policy.policy.shadow && !decision.allowed();
     if shadow_denied {
         decision.denial = None;

@@ -25,8 +25,8 @@ use crate::policy::{CompiledPolicy, Policy, PolicyError};
 use crate::store::{DynStore, Store, StoreError};
 
 pub use handle::{PolicyArg, PolicyRef, PolicyWatch};
-pub use slots::Slots;
 pub(crate) use slots::SlotsInner;
+pub use slots::{SlotPermit, Slots};
 
 /// The answer of [`Limiter::check`].
 #[derive(Clone)]

@@ -3,15 +3,19 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_core::{Algorithm, Decision};
 
 use super::acquire::{identifiers, lease_names};
-use super::decide::{finish, hit};
+use super::decide::{finish, hit, shadowed};
 use super::{Error, Limiter, PolicyArg, PolicyRef, Selectors, counting};
 use crate::identifier::Identifier;
-use crate::lease::{Acquired, Lease, LeaseId, LeaseParts, Released, TokenSelectors};
+use crate::lease::{
+    Acquired, Lease, LeaseId, LeaseParts, Released, TokenSelectors, UNKNOWN, join_token, known,
+};
 use crate::memory::{MemoryStore, SetHandle};
 use crate::store::{DynStore, Store};
 
@@ -145,8 +149,56 @@ impl Slots {
     /// Takes a lease on these slots: [`Limiter::acquire`] on the policy and selectors they
     /// were made with, and the same answer.
     pub async fn acquire(&self) -> Result<Acquired, Error> {
-        let inner = &self.inner;
         let id = LeaseId::random();
+        let (decision, taken) = self.take(id).await?;
+        Ok(self.acquired(id, decision, taken))
+    }
+
+    /// Takes a slot as [`Slots::acquire`] does, with a leaner answer: the slot as a
+    /// [`SlotPermit`] borrowed from these slots when admitted, as tokio's `SemaphorePermit`
+    /// is from its semaphore, or the decision that denied it. Nothing is cloned or counted
+    /// per permit (no policy handle, no store handle): the way to hold a slot where every
+    /// nanosecond counts. Where the slot must outlive the borrow (moved into a spawned task),
+    /// take a [`Lease`] with [`Slots::acquire`].
+    ///
+    /// ```
+    /// use sluice_limiter::{Limiter, MemoryStore, Policy};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Limiter::builder(MemoryStore::new())
+    ///     .policy(Policy::new("billing", "upstream:1 concurrent lease=30s").unwrap())
+    ///     .build()
+    ///     .unwrap();
+    /// let billing = limiter.slots("billing", &[("upstream", "billing")]).unwrap();
+    /// let slot = billing.permit().await.unwrap().expect("a free slot");
+    /// // ... call the upstream ...
+    /// let occupied = billing.permit().await.unwrap().unwrap_err();
+    /// assert!(occupied.retry_after().is_some()); // when the held lease expires at the latest
+    /// drop(slot); // released
+    /// assert!(billing.permit().await.unwrap().is_ok());
+    /// # });
+    /// ```
+    pub async fn permit(&self) -> Result<Result<SlotPermit<'_>, Decision>, Error> {
+        let id = LeaseId::random();
+        let (decision, taken) = self.take(id).await?;
+        let held = decision.allowed();
+        let (decision, _) = shadowed(&self.inner.policy, decision);
+        if !decision.allowed() {
+            return Ok(Err(decision));
+        }
+        Ok(Ok(SlotPermit {
+            slots: self,
+            id,
+            taken: AtomicU64::new(taken.unwrap_or(UNKNOWN)),
+            held,
+        }))
+    }
+
+    /// The store's decision on lease `id` in these slots, and when it was sent to a remote
+    /// store (see `Limiter::sent_at`).
+    #[inline]
+    async fn take(&self, id: LeaseId) -> Result<(Decision, Option<u64>), Error> {
+        let inner = &self.inner;
         let pinned = |memory: &MemoryStore| {
             let quota = inner.policy.quotas.first()?;
             memory.acquire_pinned(inner.pinned.as_ref()?, quota, id.0)
@@ -175,7 +227,7 @@ impl Slots {
                 (Box::pin(inner.store.acquire(&hit, id.0)).await?, taken)
             }
         };
-        Ok(self.acquired(id, decision, taken))
+        Ok((decision, taken))
     }
 
     /// The answer to an acquire of lease `id` that `decision` answered.
@@ -219,5 +271,102 @@ impl SlotsInner {
             .as_ref()
             .and_then(|set| memory.release_held(set, id));
         found.unwrap_or_else(|| memory.release_now(&self.parts.keys(None), id))
+    }
+}
+
+/// A slot held through [`Slots::permit`], borrowed from its slots. Dropping it releases the
+/// slot as dropping a [`Lease`] does: at once on the memory store, by a task on the current
+/// tokio runtime on a remote store. Under a shadow policy that would have denied, it holds
+/// no slot ([`SlotPermit::holds_slot`]) and releases nothing.
+pub struct SlotPermit<'a> {
+    slots: &'a Slots,
+    id: LeaseId,
+    /// As a [`Lease`]'s: when the acquire or the latest renew that found the lease left for
+    /// a remote store, or `UNKNOWN`.
+    taken: AtomicU64,
+    /// Whether the permit holds its slot still: not once released or forgotten, nor
+    /// under a shadow policy's denial.
+    held: bool,
+}
+
+impl fmt::Debug for SlotPermit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotPermit")
+            .field("id", &self.id)
+            .field("slots", self.slots)
+            .field("held", &self.held)
+            .finish()
+    }
+}
+
+impl SlotPermit<'_> {
+    pub fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    /// Whether the permit holds a slot: `false` only under a shadow policy that would have
+    /// denied (admitted, without a slot).
+    pub fn holds_slot(&self) -> bool {
+        self.held
+    }
+
+    /// The slot's lease as text, as [`Lease::token`] writes it: another process on the same
+    /// store and policy can release or renew it (see [`Limiter::lease`]).
+    pub fn token(&self) -> String {
+        join_token(&[&self.id.to_string()], &self.slots.inner.parts.selectors)
+    }
+
+    /// Releases the slot now, and reports what the store found, as [`Lease::release`] does.
+    pub async fn release(mut self) -> Result<Released, Error> {
+        if !std::mem::take(&mut self.held) {
+            return Ok(Released::NotHeld);
+        }
+        let inner = &self.slots.inner;
+        match inner.store.as_memory() {
+            Some(memory) => Ok(inner.release_in(memory, self.id.0)),
+            None => Box::pin(self.lease().release()).await,
+        }
+    }
+
+    /// Extends the lease to one lease time from now, as [`Lease::renew`] does.
+    pub async fn renew(&self) -> Result<Option<Duration>, Error> {
+        if !self.held {
+            return Ok(None);
+        }
+        let inner = &self.slots.inner;
+        crate::lease::renew(&inner.store, &inner.parts, self.id, &self.taken).await
+    }
+
+    /// Lets go of the permit without releasing, as [`Lease::forget`] does.
+    pub fn forget(mut self) -> LeaseId {
+        self.held = false;
+        self.id
+    }
+
+    /// The slot as an owned [`Lease`] of the same slots, which releases it when dropped.
+    fn lease(&self) -> Lease {
+        let inner = &self.slots.inner;
+        Lease::in_slots(
+            self.id,
+            inner.store.clone(),
+            inner.clone(),
+            known(&self.taken),
+        )
+    }
+}
+
+impl Drop for SlotPermit<'_> {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let inner = &self.slots.inner;
+        match inner.store.as_memory() {
+            Some(memory) => {
+                inner.release_in(memory, self.id.0);
+            }
+            // Released as a dropped lease is, in the background.
+            None => drop(self.lease()),
+        }
     }
 }
