@@ -28,10 +28,11 @@
 //! slots then reach the table's set as a thread does, through a handle they replace.
 //!
 //! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread; see the
-//! README), acquire + release through the `Limiter`: 923 instructions (974 in the bench
-//! beside a `Slots` row), and 692 through `Slots`, against 247 for
-//! `tokio::sync::Semaphore`; 1,481 before the handle and the boxed lease parts (with the
-//! kept identifier and token bytes already), 1,800 before those too.
+//! README), acquire + release through the `Limiter`: 967 instructions; 628 through
+//! `Slots` (692 before they pinned their set); 442 through a
+//! [`SlotPermit`](crate::SlotPermit), against 246 for `tokio::sync::Semaphore`; 1,481
+//! through the `Limiter` before the handle and the boxed lease parts (with the kept
+//! identifier and token bytes already), 1,800 before those too.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
