@@ -40,7 +40,9 @@
 //! [`Lease`] on a rule with a concurrency leaf (`user:3 concurrent lease=30s`), released when
 //! dropped; [`Limiter::reserve`] admits an estimated cost and returns a [`Reservation`] to
 //! [`settle`](Reservation::settle) at the actual one. Every store of the workspace supports
-//! them (memory, Redis, memcached, PostgreSQL; see [`lease`]).
+//! them (memory, Redis, memcached, PostgreSQL; see [`lease`]). Code that takes leases on one
+//! key again and again names it once, as [`Slots`], whose [`SlotPermit`]s hold a slot as a
+//! semaphore's permit does, with nothing cloned per permit.
 
 #![forbid(unsafe_code)]
 
