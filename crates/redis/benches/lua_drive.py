@@ -11,6 +11,10 @@ writes DIR/done. Scenarios:
   lease-floor-1  lease-1's commands only, batched as no script on sorted sets could beat:
              ZCARD, one ZREM of 8, one ZADD of 8 and PEXPIRE a call, nothing decided
              (SLUICE_BENCH_FLOOR_READS=1 adds ZREMRANGEBYSCORE and ZRANGE -1 -1 WITHSCORES)
+  lease-hash-floor-1  the same on a hash (field the lease id, value its expiry), the
+             layout with the cheapest insert and removal: HLEN, one HDEL of 8, one HSET of 8
+             and PEXPIRE a call (SLUICE_BENCH_FLOOR_READS=1 adds an HMGET of the 8 released,
+             whose expiry tells a release from an expired one, and PTTL, the latest expiry)
   (releases are sent as a `Lease` sends them while far from expiry, kind 0;
   SLUICE_BENCH_RELEASE_KIND=2 sends the release that asks the lease's expiry first)
   cell-1     16 redis-cell CL.THROTTLE commands per call, pipelined, on one key (the
@@ -294,6 +298,36 @@ elif scenario == "lease-floor-1":
         "local adds = {}\n"
         "for i = 9, 16 do adds[#adds + 1] = '1700000060000000'; adds[#adds + 1] = ARGV[i] end\n"
         "redis.call('ZADD', KEYS[1], unpack(adds))\n"
+        "redis.call('PEXPIRE', KEYS[1], '60000')\n"
+        "return 0"
+    )
+    held = [str(i) for i in range(1, 9)]
+    next_id = [9]
+
+    def call():
+        taken = [str(next_id[0] + i) for i in range(8)]
+        next_id[0] += 8
+        answer = client.evalsha(sha, 1, "bench:lease", *held, *taken)
+        held[:] = taken
+        return answer
+
+elif scenario == "lease-hash-floor-1":
+    # lease-floor-1's steps on a hash instead of a sorted set: no order to keep, so the
+    # cheapest insert and removal a set of leases can have in Redis, and no way to find the
+    # expired leases but reading them all (left out: a floor).
+    reads = os.environ.get("SLUICE_BENCH_FLOOR_READS", "0") == "1"
+    sha = client.script_load(
+        "redis.call('HLEN', KEYS[1])\n"
+        + (
+            "redis.call('HMGET', KEYS[1], unpack(ARGV, 1, 8))\n"
+            "redis.call('PTTL', KEYS[1])\n"
+            if reads
+            else ""
+        )
+        + "redis.call('HDEL', KEYS[1], unpack(ARGV, 1, 8))\n"
+        "local adds = {}\n"
+        "for i = 9, 16 do adds[#adds + 1] = ARGV[i]; adds[#adds + 1] = '1700000060000000' end\n"
+        "redis.call('HSET', KEYS[1], unpack(adds))\n"
         "redis.call('PEXPIRE', KEYS[1], '60000')\n"
         "return 0"
     )

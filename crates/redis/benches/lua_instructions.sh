@@ -27,7 +27,8 @@
 # "lease-floor-1" (opt-in) counts lease-1's commands alone, batched as no script on sorted
 # sets could beat (one ZCARD, ZREM, ZADD and PEXPIRE a call, nothing decided): the floor
 # of a busy lease set, beside rate-1 (SLUICE_BENCH_FLOOR_READS=1 adds the drop of expired
-# leases and the read of the latest expiry).
+# leases and the read of the latest expiry). "lease-hash-floor-1" (opt-in) is the same floor
+# on a hash, the layout with the cheapest insert and removal.
 # For a profile: SLUICE_BENCH_SCENARIOS="lease-1 rate-1" runs only those scenarios;
 # SLUICE_BENCH_KEEP=DIR keeps each scenario's callgrind output (DIR/out.SCENARIO.1, the
 # measured calls) for callgrind_annotate; SLUICE_BENCH_REDIS_SERVER=/path/to/redis-server
@@ -99,6 +100,10 @@ for keys in 1 many; do
   if [[ -n ${per[lease-floor-$keys]:-} ]]; then
     python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'the floor of an acquire + release on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
       "${per[rate-$keys]}" "${per[lease-floor-$keys]}"
+  fi
+  if [[ -n ${per[lease-hash-floor-$keys]:-} ]]; then
+    python3 -c "import sys; r, l = int(sys.argv[1]), int(sys.argv[2]); print(f'the floor on a hash, on $keys key(s): {2 * l} instructions, {2 * l / r:.2f} rate checks')" \
+      "${per[rate-$keys]}" "${per[lease-hash-floor-$keys]}"
   fi
   if [[ -n ${per[cell-$keys]:-} ]]; then
     python3 -c "import sys; r, c = int(sys.argv[1]), int(sys.argv[2]); print(f'a rate check on $keys key(s) costs {r / c:.2f} CL.THROTTLE')" \
