@@ -300,6 +300,7 @@ impl fmt::Debug for SlotPermit<'_> {
 }
 
 impl SlotPermit<'_> {
+    /// The id of the slot's lease, as [`Lease::id`].
     pub fn id(&self) -> LeaseId {
         self.id
     }
