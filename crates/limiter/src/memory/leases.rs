@@ -630,6 +630,52 @@ mod tests {
         });
     }
 
+    /// A shard full of pinned sets evicts them like any state when a new identifier needs
+    /// room (they go last, but they go): the slots whose set was evicted then take their
+    /// leases in the table's new set, still one set with acquires by name, never two.
+    #[test]
+    fn slots_whose_pinned_set_was_evicted_stay_exact() {
+        let store = MemoryStore::builder().max_identifiers(4).shards(1).build();
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("one", "x:1 concurrent").unwrap())
+            .policy(Policy::new("rate", "y:10/s").unwrap())
+            .build()
+            .unwrap();
+        let names = ["a", "b", "c", "d"];
+        let slots: Vec<_> = names
+            .iter()
+            .map(|x| limiter.slots("one", &[("x", x)]).unwrap())
+            .collect();
+        assert_eq!(store.stats().identifiers, 4);
+        runtime().block_on(async {
+            // A fifth identifier: the shard is full of pinned sets, so some go.
+            assert!(
+                limiter
+                    .check("rate", &[("y", "new")], 1)
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed()
+            );
+            assert!(store.stats().evictions > 0);
+            for (x, slots) in names.iter().zip(&slots) {
+                let held = slots.permit().await.unwrap().expect("a free slot");
+                let by_name = limiter.acquire("one", &[("x", x)]).await.unwrap();
+                assert!(
+                    by_name.lease.is_none(),
+                    "{x}: one set, by slots and by name"
+                );
+                assert!(
+                    slots.permit().await.unwrap().is_err(),
+                    "{x}: its one slot is held"
+                );
+                assert_eq!(held.release().await.unwrap(), Released::Released, "{x}");
+                let by_name = limiter.acquire("one", &[("x", x)]).await.unwrap();
+                assert!(by_name.lease.is_some(), "{x}: released where it was taken");
+            }
+        });
+    }
+
     /// Two limiters on two memory stores, one policy handle: a set handle is one store's,
     /// and a lease taken with the same leaf and value on the other store goes to that
     /// store's own set.
