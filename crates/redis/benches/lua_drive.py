@@ -278,55 +278,35 @@ elif scenario == "floor-many":
         keys = [key(True, "bench:rate") for _ in range(16)]
         return client.evalsha(sha, 16, *keys)
 
-elif scenario == "lease-floor-1":
-    # What lease-1's 8 acquires and 8 releases on one sorted set cannot do without, in the
-    # fewest commands: the set's size, one ZREM of the last call's 8 leases, one ZADD of 8
-    # new ones (one expiry for all) and the key's expiry; nothing decided, nothing answered
-    # per lease. The floor of any script on this layout, however it batches.
-    # SLUICE_BENCH_FLOOR_READS=1 adds the two reads a decision needs besides the size: the
-    # drop of expired leases and the latest expiry.
+elif scenario in ("lease-floor-1", "lease-hash-floor-1"):
+    # What lease-1's 8 acquires and 8 releases on one set cannot do without, in the fewest
+    # commands: the set's size, one removal of the last call's 8 leases, one insert of 8 new
+    # ones (one expiry for all) and the key's expiry; nothing decided, nothing answered per
+    # lease. The floor of any script on the layout, however it batches.
+    # On a sorted set (lease-floor-1), SLUICE_BENCH_FLOOR_READS=1 adds the two reads a
+    # decision needs besides the size: the drop of expired leases and the latest expiry.
+    # On a hash (lease-hash-floor-1: no order to keep, so the cheapest insert and removal a
+    # set of leases can have in Redis, and no way to find the expired leases but reading
+    # them all, left out), it adds the read that tells each release whether its lease was
+    # held, which a batched HDEL does not answer.
     reads = os.environ.get("SLUICE_BENCH_FLOOR_READS", "0") == "1"
-    sha = client.script_load(
-        "redis.call('ZCARD', KEYS[1])\n"
-        + (
+    expiry = "'1700000060000000'"
+    if scenario == "lease-floor-1":
+        size, remove, insert, pair = "ZCARD", "ZREM", "ZADD", (expiry, "ARGV[i]")
+        read = (
             "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '1700000000000000')\n"
             "redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')\n"
-            if reads
-            else ""
         )
-        + "redis.call('ZREM', KEYS[1], unpack(ARGV, 1, 8))\n"
-        "local adds = {}\n"
-        "for i = 9, 16 do adds[#adds + 1] = '1700000060000000'; adds[#adds + 1] = ARGV[i] end\n"
-        "redis.call('ZADD', KEYS[1], unpack(adds))\n"
-        "redis.call('PEXPIRE', KEYS[1], '60000')\n"
-        "return 0"
-    )
-    held = [str(i) for i in range(1, 9)]
-    next_id = [9]
-
-    def call():
-        taken = [str(next_id[0] + i) for i in range(8)]
-        next_id[0] += 8
-        answer = client.evalsha(sha, 1, "bench:lease", *held, *taken)
-        held[:] = taken
-        return answer
-
-elif scenario == "lease-hash-floor-1":
-    # lease-floor-1's steps on a hash instead of a sorted set: no order to keep, so the
-    # cheapest insert and removal a set of leases can have in Redis, and no way to find the
-    # expired leases but reading them all (left out: a floor).
-    reads = os.environ.get("SLUICE_BENCH_FLOOR_READS", "0") == "1"
+    else:
+        size, remove, insert, pair = "HLEN", "HDEL", "HSET", ("ARGV[i]", expiry)
+        read = "redis.call('HMGET', KEYS[1], unpack(ARGV, 1, 8))\n"
     sha = client.script_load(
-        "redis.call('HLEN', KEYS[1])\n"
-        + (
-            "redis.call('HMGET', KEYS[1], unpack(ARGV, 1, 8))\n"
-            if reads
-            else ""
-        )
-        + "redis.call('HDEL', KEYS[1], unpack(ARGV, 1, 8))\n"
+        f"redis.call('{size}', KEYS[1])\n"
+        + (read if reads else "")
+        + f"redis.call('{remove}', KEYS[1], unpack(ARGV, 1, 8))\n"
         "local adds = {}\n"
-        "for i = 9, 16 do adds[#adds + 1] = ARGV[i]; adds[#adds + 1] = '1700000060000000' end\n"
-        "redis.call('HSET', KEYS[1], unpack(adds))\n"
+        f"for i = 9, 16 do adds[#adds + 1] = {pair[0]}; adds[#adds + 1] = {pair[1]} end\n"
+        f"redis.call('{insert}', KEYS[1], unpack(adds))\n"
         "redis.call('PEXPIRE', KEYS[1], '60000')\n"
         "return 0"
     )

@@ -435,6 +435,18 @@ mod tests {
         Arc::new(limiter)
     }
 
+    /// A store on a manual clock, and a limiter there with the policy `one` =
+    /// `x:1 concurrent lease=1s`.
+    fn one_slot_on_a_manual_clock() -> (ManualClock, MemoryStore, Limiter) {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("one", "x:1 concurrent lease=1s").unwrap())
+            .build()
+            .unwrap();
+        (clock, store, limiter)
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .build()
@@ -448,12 +460,7 @@ mod tests {
     /// new set, where a second acquire is refused.
     #[test]
     fn a_handle_to_a_set_the_table_dropped_is_not_used() {
-        let clock = ManualClock::new(1_000_000_000);
-        let store = MemoryStore::builder().clock(clock.clone()).build();
-        let limiter = Limiter::builder(store.clone())
-            .policy(Policy::new("one", "x:1 concurrent lease=1s").unwrap())
-            .build()
-            .unwrap();
+        let (clock, store, limiter) = one_slot_on_a_manual_clock();
         let x = &[("x", "a")];
         runtime().block_on(async {
             let first = limiter.acquire("one", x).await.unwrap().lease.unwrap();
@@ -561,12 +568,7 @@ mod tests {
     /// are gone.
     #[test]
     fn slots_pin_their_set_against_sweeps() {
-        let clock = ManualClock::new(1_000_000_000);
-        let store = MemoryStore::builder().clock(clock.clone()).build();
-        let limiter = Limiter::builder(store.clone())
-            .policy(Policy::new("one", "x:1 concurrent lease=1s").unwrap())
-            .build()
-            .unwrap();
+        let (clock, store, limiter) = one_slot_on_a_manual_clock();
         let x = &[("x", "a")];
         let slots = limiter.slots("one", x).unwrap();
         assert_eq!(store.stats().identifiers, 1, "made with the slots");
