@@ -67,16 +67,18 @@ pub(crate) struct SlotsInner {
     /// in the table while these slots live (see [`MemoryStore::pin_set`]): an acquire or a
     /// release takes the set's lock and no other.
     pinned: Option<SetHandle>,
-    /// Once the pinned set has gone (a reset of the key, or an eviction), the handle to
-    /// the key's set that the table holds then (see [`MemoryStore::acquire_held`]), left
-    /// by an acquire and replaced when the table let go of its set. The lock is held
-    /// around a step on the set, whose own lock it takes.
+    /// Once the pinned set has gone (an eviction from a shard full of pinned sets), the
+    /// handle to the key's set that the table holds then (see
+    /// [`MemoryStore::acquire_held`]), left by an acquire and replaced when the table let
+    /// go of its set, and pinned in its turn ([`MemoryStore::acquire_held_pinned`]). The
+    /// lock is held around a step on the set, whose own lock it takes.
     set: Mutex<Option<SetHandle>>,
 }
 
 impl Drop for SlotsInner {
     fn drop(&mut self) {
-        if let Some(pinned) = &self.pinned {
+        let fallback = self.set.get_mut().as_ref();
+        for pinned in self.pinned.iter().chain(fallback) {
             MemoryStore::unpin_set(pinned);
         }
     }
@@ -216,7 +218,7 @@ impl Slots {
             Some(memory) => match pinned(memory) {
                 Some(decision) => (decision, None),
                 None => (
-                    memory.acquire_held(&hit(), id.0, &mut inner.set.lock()),
+                    memory.acquire_held_pinned(&hit(), id.0, &mut inner.set.lock()),
                     None,
                 ),
             },

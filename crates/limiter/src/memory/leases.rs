@@ -23,9 +23,10 @@
 //!
 //! [`Slots`](crate::Slots) pin their key's set when they are made
 //! ([`MemoryStore::pin_set`]): a sweep keeps a pinned set even empty, so the slots' handle
-//! to it stays good, and their acquires and releases take the set's lock and no other. Only
-//! a reset of the key, or an eviction from a shard full of pinned sets, lets go of it; the
-//! slots then reach the table's set as a thread does, through a handle they replace.
+//! to it stays good, and their acquires and releases take the set's lock and no other. A
+//! reset of the key empties a pinned set in place (`Table::reset`). Only an eviction from a
+//! shard full of pinned sets lets go of it; the slots then reach the table's set as a
+//! thread does, through a handle they replace, and pin that one in its turn.
 //!
 //! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread; see the
 //! README), acquire + release through the `Limiter`: 967 instructions; 628 through
@@ -34,6 +35,7 @@
 //! through the `Limiter` before the handle and the boxed lease parts (with the kept
 //! identifier and token bytes already), 1,800 before those too.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -235,9 +237,10 @@ impl MemoryStore {
 
     /// The lease set of `id`, a concurrency leaf's identifier, pinned for [`Slots`]: made
     /// empty when the table holds none, and kept in the table, even empty, until
-    /// [`MemoryStore::unpin_set`] (see [`SetState::expires_at`]). A pinned set may still
-    /// go (a reset of the key, or an eviction from a shard full of pinned sets): then
-    /// [`MemoryStore::acquire_pinned`] and [`MemoryStore::release_pinned`] answer `None`.
+    /// [`MemoryStore::unpin_set`] (see [`SetState::expires_at`]); a reset empties it in
+    /// place. A pinned set may still go (an eviction from a shard full of pinned sets):
+    /// then [`MemoryStore::acquire_pinned`] and [`MemoryStore::release_pinned`] answer
+    /// `None`.
     ///
     /// [`Slots`]: crate::Slots
     pub(crate) fn pin_set(&self, id: &Identifier) -> SetHandle {
@@ -278,6 +281,32 @@ impl MemoryStore {
     pub(crate) fn unpin_set(handle: &SetHandle) {
         let mut set = handle.set.lock();
         set.pins = set.pins.saturating_sub(1);
+    }
+
+    /// [`MemoryStore::acquire_held`] for [`Slots`](crate::Slots) whose pinned set has gone:
+    /// the set the handle is left on is pinned in its turn, and the one it replaces
+    /// unpinned, so the slots' set keeps out of sweeps whichever it is.
+    pub(crate) fn acquire_held_pinned(
+        &self,
+        hit: &Hit<'_>,
+        lease: u64,
+        handle: &mut Option<SetHandle>,
+    ) -> Decision {
+        let before = handle.clone();
+        let decision = self.acquire_held(hit, lease, handle);
+        let same = |a: &SetHandle, b: &SetHandle| Arc::ptr_eq(&a.set, &b.set);
+        match (before, handle.as_ref()) {
+            (Some(before), Some(after)) if same(&before, after) => {}
+            (before, after) => {
+                if let Some(after) = after {
+                    after.set.lock().pins += 1;
+                }
+                if let Some(before) = before {
+                    MemoryStore::unpin_set(&before);
+                }
+            }
+        }
+        decision
     }
 
     /// Takes lease `lease` of a rule of one concurrency leaf, `quota`, in the set `handle`
@@ -597,11 +626,11 @@ mod tests {
         assert_eq!(store.stats().expired, 1);
     }
 
-    /// A reset of the key drops the set the slots pinned: they then take their leases in
-    /// the table's new set, shared with acquires by name, and a lease taken in the old set
-    /// is held nowhere.
+    /// A reset of the key empties the set the slots pinned, in place: a lease taken before
+    /// it is held nowhere, and the slots go on sharing the set with acquires by name (by
+    /// either rule), through sweeps.
     #[test]
-    fn slots_whose_pinned_set_went_use_the_tables() {
+    fn a_reset_empties_the_pinned_set_in_place() {
         let store = MemoryStore::new();
         let limiter = one_leaf_and_compound(&store, "x:1 concurrent", "x:1000000/s");
         let x = &[("x", "a")];
@@ -619,7 +648,7 @@ mod tests {
                 let by_name = limiter.acquire(policy, x).await.unwrap();
                 assert!(
                     by_name.lease.is_none(),
-                    "the slots' lease is in the table's set"
+                    "the slots' lease is in the one set"
                 );
             }
             assert_eq!(old.release().await.unwrap(), Released::NotHeld);
@@ -628,6 +657,7 @@ mod tests {
             let by_name = limiter.acquire("two", x).await.unwrap().lease.unwrap();
             assert!(slots.acquire().await.unwrap().lease.is_none());
             drop(by_name);
+            store.sweep();
             assert!(slots.acquire().await.unwrap().lease.is_some());
         });
     }
@@ -676,6 +706,48 @@ mod tests {
                 assert!(by_name.lease.is_some(), "{x}: released where it was taken");
             }
         });
+    }
+
+    /// Slots whose pinned set was evicted pin the set they take their next lease in, so
+    /// sweeps keep that one too while they live.
+    #[test]
+    fn slots_pin_the_set_that_replaces_an_evicted_one() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_identifiers(1)
+            .shards(1)
+            .build();
+        let limiter = Limiter::builder(store.clone())
+            .policy(Policy::new("one", "x:1 concurrent lease=1s").unwrap())
+            .policy(Policy::new("rate", "y:10/s").unwrap())
+            .build()
+            .unwrap();
+        let slots = limiter.slots("one", &[("x", "a")]).unwrap();
+        runtime().block_on(async {
+            // The only room there is: the pinned set goes for the rate's state.
+            assert!(
+                limiter
+                    .check("rate", &[("y", "b")], 1)
+                    .await
+                    .unwrap()
+                    .decision
+                    .allowed()
+            );
+            assert_eq!(store.stats().evictions, 1);
+            let lease = slots.acquire().await.unwrap().lease.expect("a new set");
+            assert_eq!(lease.release().await.unwrap(), Released::Released);
+        });
+        clock.advance(Duration::from_secs(2));
+        store.sweep();
+        assert_eq!(
+            store.stats().identifiers,
+            1,
+            "the new set is pinned in its turn"
+        );
+        drop(slots);
+        store.sweep();
+        assert_eq!(store.stats().identifiers, 0, "and unpinned with the slots");
     }
 
     /// Two limiters on two memory stores, one policy handle: a set handle is one store's,

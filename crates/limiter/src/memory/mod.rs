@@ -420,7 +420,7 @@ impl Store for MemoryStore {
             let hash = self.hash(id);
             self.inner.shards[self.shard_of(hash)]
                 .write()
-                .remove(hash, id);
+                .reset(hash, id);
         }
         Ok(())
     }

@@ -158,6 +158,23 @@ impl Table {
         word || cell.is_ok()
     }
 
+    /// Forgets `id`'s state, as a reset asks: removes it, but empties in place a lease set
+    /// that [`Slots`](crate::Slots) pin, so that their handle to it stays good.
+    pub(crate) fn reset(&mut self, hash: u64, id: &str) {
+        if let Some((_, cell)) = self.cells.find(hash, |(k, _)| k == id)
+            && let CellValue::Leases(set) = &cell.value
+        {
+            let mut set = set.0.lock();
+            if set.pins > 0 {
+                set.leases = Leases::default();
+                drop(set);
+                self.words.remove(hash, &Probe::new(id));
+                return;
+            }
+        }
+        self.remove(hash, id);
+    }
+
     /// Drops states that are equivalent to fresh at `now`.
     pub(crate) fn drop_expired(&mut self, now: u64) -> u64 {
         let before = self.len();
