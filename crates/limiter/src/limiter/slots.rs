@@ -182,18 +182,48 @@ impl Slots {
     /// ```
     pub async fn permit(&self) -> Result<Result<SlotPermit<'_>, Decision>, Error> {
         let id = LeaseId::random();
-        let (decision, taken) = self.take(id).await?;
-        let held = decision.allowed();
-        let (decision, _) = shadowed(&self.inner.policy, decision);
-        if !decision.allowed() {
-            return Ok(Err(decision));
+        // In process, on the pinned set: the decision is made only when refused.
+        let inner = &self.inner;
+        if let (Some(memory), Some(pinned), Some(quota)) = (
+            inner.store.as_memory(),
+            inner.pinned.as_ref(),
+            inner.policy.quotas.first(),
+        ) && let Some(refused) = memory.acquire_pinned_as(pinned, quota, id.0, |verdict| {
+            (!verdict.allowed).then(|| Decision::from_verdict(verdict, 0, quota.tick()).occupied())
+        }) {
+            return Ok(self.permitted(id, refused.map_or(Ok(()), Err), None));
         }
-        Ok(Ok(SlotPermit {
+        let (decision, taken) = self.take(id).await?;
+        let store = if decision.allowed() {
+            Ok(())
+        } else {
+            Err(decision)
+        };
+        Ok(self.permitted(id, store, taken))
+    }
+
+    /// The answer to a permit of lease `id` that the store admitted (`Ok`) or refused with
+    /// a decision: a refusal under a shadow policy is a permit that holds no slot.
+    #[inline]
+    fn permitted(
+        &self,
+        id: LeaseId,
+        store: Result<(), Decision>,
+        taken: Option<u64>,
+    ) -> Result<SlotPermit<'_>, Decision> {
+        let held = match store {
+            Ok(()) => true,
+            Err(decision) => match shadowed(&self.inner.policy, decision) {
+                (_, true) => false,
+                (decision, false) => return Err(decision),
+            },
+        };
+        Ok(SlotPermit {
             slots: self,
             id,
             taken: AtomicU64::new(taken.unwrap_or(UNKNOWN)),
             held,
-        }))
+        })
     }
 
     /// The store's decision on lease `id` in these slots, and when it was sent to a remote

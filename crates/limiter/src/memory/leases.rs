@@ -320,6 +320,21 @@ impl MemoryStore {
         quota: &Quota,
         lease: u64,
     ) -> Option<Decision> {
+        self.acquire_pinned_as(handle, quota, lease, |verdict| {
+            Decision::from_verdict(verdict, 0, quota.tick()).occupied()
+        })
+    }
+
+    /// [`MemoryStore::acquire_pinned`], answered as `answer` makes the verdict into: a
+    /// caller that needs the decision only when refused makes none when admitted.
+    #[inline]
+    pub(crate) fn acquire_pinned_as<R>(
+        &self,
+        handle: &SetHandle,
+        quota: &Quota,
+        lease: u64,
+        answer: impl FnOnce(&Verdict) -> R,
+    ) -> Option<R> {
         if handle.store != self.inner.id {
             return None;
         }
@@ -331,7 +346,12 @@ impl MemoryStore {
         let expired = set.leases.drop_expired(now);
         let verdict = concurrency::acquire(quota, &mut set.leases, now, lease);
         drop(set);
-        Some(self.acquired(expired, &verdict, quota))
+        if expired > 0 {
+            self.inner
+                .leases_expired
+                .fetch_add(expired, Ordering::Relaxed);
+        }
+        Some(answer(&verdict))
     }
 
     /// Releases `lease` in the set `handle` holds, this store's: `None`, having done
