@@ -13,7 +13,7 @@ pub use sluice_core::algorithm::concurrency::Released;
 
 use crate::identifier::Identifier;
 use crate::limiter::{Checked, Error, SlotsInner};
-use crate::memory::{MemoryStore, SetHandle};
+use crate::memory::{ClockRead, MemoryStore, SetHandle};
 use crate::store::{DynStore, LeaseKeys, Settlement, Store};
 
 mod spare;
@@ -200,7 +200,7 @@ impl Holder {
     #[inline]
     fn release_in(&self, memory: &MemoryStore, id: u64) -> Released {
         match self {
-            Holder::Slots(slots) => slots.release_in(memory, id),
+            Holder::Slots(slots) => slots.release_in(memory, id, ClockRead::BeforeLock),
             own => own.parts().release_in(memory, id),
         }
     }

@@ -16,7 +16,7 @@ use crate::identifier::Identifier;
 use crate::lease::{
     Acquired, Lease, LeaseId, LeaseParts, Released, TokenSelectors, UNKNOWN, join_token, known,
 };
-use crate::memory::{MemoryStore, SetHandle};
+use crate::memory::{ClockRead, MemoryStore, SetHandle};
 use crate::store::{DynStore, Store};
 
 /// The slots of one key of a policy with a concurrency leaf (`upstream:50 concurrent`): the
@@ -188,9 +188,12 @@ impl Slots {
             inner.store.as_memory(),
             inner.pinned.as_ref(),
             inner.policy.quotas.first(),
-        ) && let Some(refused) = memory.acquire_pinned_as(pinned, quota, id.0, |verdict| {
-            (!verdict.allowed).then(|| Decision::from_verdict(verdict, 0, quota.tick()).occupied())
-        }) {
+        ) && let Some(refused) =
+            memory.acquire_pinned_as(pinned, quota, id.0, ClockRead::UnderLock, |verdict| {
+                (!verdict.allowed)
+                    .then(|| Decision::from_verdict(verdict, 0, quota.tick()).occupied())
+            })
+        {
             return Ok(self.permitted(id, refused.map_or(Ok(()), Err), None));
         }
         let (decision, taken) = self.take(id).await?;
@@ -287,13 +290,13 @@ impl SlotsInner {
     /// taken was replaced because the table let go of the lease's set, which it does only
     /// once every lease there has expired: the lease is then held nowhere, as the table
     /// would answer.
-    pub(crate) fn release_in(&self, memory: &MemoryStore, id: u64) -> Released {
+    pub(crate) fn release_in(&self, memory: &MemoryStore, id: u64, read: ClockRead) -> Released {
         // While the pinned set is the table's, every lease of these slots was taken there:
         // the fallback's set is used only once the pinned one has gone, for good.
         if let Some(found) = self
             .pinned
             .as_ref()
-            .and_then(|pinned| memory.release_pinned(pinned, id))
+            .and_then(|pinned| memory.release_pinned(pinned, id, read))
         {
             return found;
         }
@@ -356,7 +359,7 @@ impl SlotPermit<'_> {
         }
         let inner = &self.slots.inner;
         match inner.store.as_memory() {
-            Some(memory) => Ok(inner.release_in(memory, self.id.0)),
+            Some(memory) => Ok(inner.release_in(memory, self.id.0, ClockRead::UnderLock)),
             None => Box::pin(self.lease().release()).await,
         }
     }
@@ -396,7 +399,7 @@ impl Drop for SlotPermit<'_> {
         let inner = &self.slots.inner;
         match inner.store.as_memory() {
             Some(memory) => {
-                inner.release_in(memory, self.id.0);
+                inner.release_in(memory, self.id.0, ClockRead::UnderLock);
             }
             // Released as a dropped lease is, in the background.
             None => drop(self.lease()),

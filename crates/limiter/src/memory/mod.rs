@@ -25,7 +25,7 @@
 mod leases;
 mod locked;
 
-pub(crate) use leases::SetHandle;
+pub(crate) use leases::{ClockRead, SetHandle};
 mod table;
 mod words;
 
