@@ -29,8 +29,8 @@
 //! thread does, through a handle they replace, and pin that one in its turn.
 //!
 //! Measured (`cargo bench -p sluice-limiter --bench leases`, one key, one thread; see the
-//! README), acquire + release through the `Limiter`: 967 instructions; 628 through
-//! `Slots` (692 before they pinned their set); 442 through a
+//! README), acquire + release through the `Limiter`: 967 instructions; 654 through
+//! `Slots` (692 before they pinned their set); 333 through a
 //! [`SlotPermit`](crate::SlotPermit), against 246 for `tokio::sync::Semaphore`; 1,481
 //! through the `Limiter` before the handle and the boxed lease parts (with the kept
 //! identifier and token bytes already), 1,800 before those too.
@@ -52,7 +52,7 @@ use crate::store::{Hit, LeaseKeys, Settlement};
 /// Under the set's lock, a thread cannot lose the lock between its read and its lock, as
 /// it did on nearly every step when two threads took and gave back permits on one key,
 /// each step then passing the lock's line between cores: `SlotPermit`s read it there (two
-/// threads, `benches/leases.rs`: 69-73 ns an acquire + release, from 157-186). Before the
+/// threads, `benches/leases.rs`: 50-108 ns an acquire + release, from 56-305). Before the
 /// lock, the read overlaps the lock's atomic: a lease's steps read it there, which a lone
 /// thread measured 3-12% faster (`Limiter::acquire` and `Slots::acquire`, the same
 /// bench), and on a contended key a lease's time goes to the reference counts its answer
