@@ -45,10 +45,7 @@ impl Limiter {
         policy: impl Into<PolicyArg<'p>>,
         selectors: &Selectors<'_>,
     ) -> Result<Acquired, Error> {
-        let policy = self.resolve(policy.into())?;
-        if !policy.concurrent {
-            return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
-        }
+        let policy = self.resolve_concurrent(policy.into())?;
         if policy.leaves.len() == 1 && policy.policy.penalty.is_none() {
             // One concurrency leaf (the policy is concurrent). A remote store's call is
             // boxed: this future stays small, and moves cheaply, for the memory store's
@@ -260,10 +257,7 @@ impl Limiter {
         token: &str,
     ) -> Result<Lease, TokenError> {
         let (id, pairs) = parse_lease_token(token)?;
-        let policy = self.resolve(policy.into())?;
-        if !policy.concurrent {
-            return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()).into());
-        }
+        let policy = self.resolve_concurrent(policy.into())?;
         let names: Vec<&str> = lease_names(&policy).collect();
         let selectors = token_selectors("lease", policy.name(), &names, &pairs)?;
         let (mut identifiers, mut quotas) = (Vec::new(), Vec::new());

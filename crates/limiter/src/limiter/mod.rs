@@ -476,6 +476,16 @@ impl Limiter {
         }
     }
 
+    /// [`Limiter::resolve`] for a call that takes leases: a policy without a concurrency
+    /// leaf is an error.
+    fn resolve_concurrent(&self, policy: PolicyArg<'_>) -> Result<PolicyRef, Error> {
+        let policy = self.resolve(policy)?;
+        if !policy.concurrent {
+            return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
+        }
+        Ok(policy)
+    }
+
     /// The policy a call names: the handle it was given, or the one loaded under the name.
     fn resolve(&self, policy: PolicyArg<'_>) -> Result<PolicyRef, Error> {
         match policy {

@@ -102,10 +102,7 @@ impl Limiter {
         policy: impl Into<PolicyArg<'p>>,
         selectors: &Selectors<'_>,
     ) -> Result<Slots, Error> {
-        let policy = self.resolve(policy.into())?;
-        if !policy.concurrent {
-            return Err(Error::NoConcurrencyLeaf(policy.name().to_owned()));
-        }
+        let policy = self.resolve_concurrent(policy.into())?;
         let identifiers = identifiers(&policy, selectors)?;
         let pinned = self.store.as_memory().and_then(|memory| {
             let hit = hit(&policy, &identifiers, 1, counting(&policy));
