@@ -56,7 +56,7 @@ impl MemoryStore {
             .collect();
         let leaves = identifiers.len();
         // Lease sets are held under their own locks for the whole step: holders with a
-        // handle reach them without the shard's lock (see `leases.rs`).
+        // handle reach them without the shard's lock (see `handles.rs`).
         let mut sets: Few<Option<SharedSet>> = Few::new();
         for i in 0..leaves {
             let set = match guards[slots[i]]

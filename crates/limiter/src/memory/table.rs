@@ -38,7 +38,7 @@ pub(crate) enum CellValue {
     Leaf(Mutex<State>),
     Penalty(PenaltyState),
     /// A concurrency leaf's leases behind a lock of their own, shared with the holders of
-    /// its leases (see `leases.rs`). Every step on the set takes that lock, under the
+    /// its leases (see `handles.rs`). Every step on the set takes that lock, under the
     /// exclusive lock too.
     Leases(TableSet),
 }
