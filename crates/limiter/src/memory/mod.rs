@@ -4,7 +4,8 @@
 //! takes the shared lock and updates the state word with compare-and-swap, so hits on any
 //! identifiers, the same one included, never wait for each other. A one-leaf concurrency
 //! rule's acquire, release and renew take the shared lock too, then the lease set's own lock,
-//! or only the set's lock through a handle a lease keeps (see `leases.rs` and `handles.rs`). Everything else (other algorithms, compound rules, penalties, new
+//! or only the set's lock through a handle a lease keeps (see `leases.rs` and
+//! `handles.rs`). Everything else (other algorithms, compound rules, penalties, new
 //! identifiers) takes the exclusive locks of the shards involved, in shard order, and so is
 //! one atomic step.
 //!
