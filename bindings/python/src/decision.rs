@@ -19,6 +19,11 @@ impl Decision {
     pub fn new(checked: Checked) -> Decision {
         Decision { checked }
     }
+
+    /// `allowed`, for the answers that carry a decision.
+    pub(crate) fn is_allowed(&self) -> bool {
+        self.checked.decision.allowed()
+    }
 }
 
 #[pymethods]

@@ -80,6 +80,20 @@ pub fn limiter_error(py: Python<'_>, error: &sluice_limiter::Error) -> PyErr {
     }
 }
 
+/// A token that does not name a lease or reservation of the policy: a `SluiceError`, or the
+/// limiter's own error (an unknown policy) as `limiter_error` raises it.
+pub fn token_error(py: Python<'_>, error: &sluice_limiter::lease::TokenError) -> PyErr {
+    match error {
+        sluice_limiter::lease::TokenError::Limiter(e) => limiter_error(py, e),
+        other => sluice_error(py, &other.to_string()),
+    }
+}
+
+/// A `SluiceError` saying `message`.
+pub fn sluice_error(py: Python<'_>, message: &str) -> PyErr {
+    raise(py, "SluiceError", (message,))
+}
+
 pub fn store_error(py: Python<'_>, message: &str, transient: bool) -> PyErr {
     raise(py, "StoreError", (message, transient))
 }

@@ -15,6 +15,7 @@ use sluice_limiter::Policy;
 mod client_ip;
 mod decision;
 mod errors;
+mod lease;
 mod limiter;
 mod policies;
 mod selectors;
@@ -22,6 +23,7 @@ mod selectors;
 use client_ip::ClientIp;
 use decision::Decision;
 use errors::policy_error;
+use lease::{Lease, Reservation};
 use limiter::Limiter;
 
 /// The first 128 bits of SHA-256(`value`) in hex, as the tower layer keys form fields: a
@@ -46,6 +48,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pyo3_async_runtimes::tokio::init(builder);
     m.add_class::<Limiter>()?;
     m.add_class::<Decision>()?;
+    m.add_class::<Lease>()?;
+    m.add_class::<Reservation>()?;
     m.add_class::<ClientIp>()?;
     m.add_function(wrap_pyfunction!(hashed, m)?)?;
     m.add_function(wrap_pyfunction!(parse_rule, m)?)?;

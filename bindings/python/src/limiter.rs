@@ -7,11 +7,12 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use sluice_limiter::{Checked, Limiter as RustLimiter, Policy};
+use sluice_limiter::{Checked, Limiter as RustLimiter, Policy, Released};
 use smallvec::SmallVec;
 
 use crate::decision::Decision;
-use crate::errors::{config_error, limiter_error, policy_error, store_error};
+use crate::errors::{config_error, limiter_error, policy_error, store_error, token_error};
+use crate::lease::{Lease, Reservation, Side, seconds};
 use crate::policies::policies_from_dict;
 use crate::selectors::{held_selectors, owned_selectors};
 
@@ -29,8 +30,9 @@ use crate::selectors::{held_selectors, owned_selectors};
 pub struct Limiter {
     /// Decides for Python threads.
     threads: Arc<RustLimiter>,
-    /// Drives `threads` for a remote store; `None` for the memory store.
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Drives `threads` for a remote store (shared with the leases and reservations taken
+    /// through it); `None` for the memory store.
+    runtime: Option<Arc<Driver>>,
     /// Decides awaitables: `threads` itself for the memory store.
     awaitables: Arc<RustLimiter>,
     /// The store URL with any password taken out.
@@ -39,10 +41,24 @@ pub struct Limiter {
     local: bool,
 }
 
-impl Drop for Limiter {
+/// The current-thread runtime of a remote store's thread side, which the calling threads
+/// drive themselves.
+pub(crate) struct Driver(Option<tokio::runtime::Runtime>);
+
+impl Driver {
+    pub(crate) fn block_on<F: Future>(&self, work: F) -> F::Output {
+        self.0
+            .as_ref()
+            .expect("a driver holds its runtime until dropped")
+            .block_on(work)
+    }
+}
+
+impl Drop for Driver {
     fn drop(&mut self) {
-        // Never wait for the store's background tasks when Python lets go of a limiter.
-        if let Some(runtime) = self.runtime.take() {
+        // Never wait for the store's background tasks when Python lets go of the last
+        // limiter, lease or reservation on it.
+        if let Some(runtime) = self.0.take() {
             runtime.shutdown_background();
         }
     }
@@ -172,6 +188,128 @@ impl Limiter {
         })
     }
 
+    /// Takes a slot of `policy`'s concurrency leaves for `selectors`, deciding its rate
+    /// leaves as `check` does: a `Lease`, admitted or not (`bool(lease)`), that holds the
+    /// slot until released (`release()`, the end of a `with` block, or the lease time).
+    #[pyo3(signature = (policy, selectors = None))]
+    fn acquire(
+        &self,
+        py: Python<'_>,
+        policy: &str,
+        selectors: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Lease> {
+        let owned = owned_selectors(selectors)?;
+        let side = self.thread_side();
+        let acquired = side.block(py, async {
+            self.threads.acquire(policy, &borrow(&owned)).await
+        });
+        let acquired = acquired.map_err(|e| limiter_error(py, &e))?;
+        Lease::new(py, Decision::new(acquired.checked), acquired.lease, side)
+    }
+
+    /// `acquire` as an awaitable.
+    #[pyo3(signature = (policy, selectors = None))]
+    fn acquire_async<'py>(
+        &self,
+        py: Python<'py>,
+        policy: &str,
+        selectors: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let owned = owned_selectors(selectors)?;
+        let (limiter, side) = (self.awaitables.clone(), self.awaitable_side());
+        let policy = policy.to_owned();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let acquired = limiter.acquire(&*policy, &borrow(&owned)).await;
+            Python::attach(|py| {
+                let acquired = acquired.map_err(|e| limiter_error(py, &e))?;
+                Lease::new(py, Decision::new(acquired.checked), acquired.lease, side)
+            })
+        })
+    }
+
+    /// Admits or refuses a hit of cost `estimate` on `policy` for `selectors`, charging the
+    /// estimate when admitted: a `Reservation` to `settle` with the actual cost once known.
+    #[pyo3(signature = (policy, selectors = None, estimate = 1))]
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        policy: &str,
+        selectors: Option<&Bound<'_, PyAny>>,
+        estimate: u64,
+    ) -> PyResult<Reservation> {
+        let owned = owned_selectors(selectors)?;
+        let side = self.thread_side();
+        let reserved = side.block(py, async {
+            self.threads
+                .reserve(policy, &borrow(&owned), estimate)
+                .await
+        });
+        let reserved = reserved.map_err(|e| limiter_error(py, &e))?;
+        let decision = Decision::new(reserved.checked);
+        Reservation::new(py, decision, reserved.reservation, side, estimate)
+    }
+
+    /// `reserve` as an awaitable.
+    #[pyo3(signature = (policy, selectors = None, estimate = 1))]
+    fn reserve_async<'py>(
+        &self,
+        py: Python<'py>,
+        policy: &str,
+        selectors: Option<&Bound<'py, PyAny>>,
+        estimate: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let owned = owned_selectors(selectors)?;
+        let (limiter, side) = (self.awaitables.clone(), self.awaitable_side());
+        let policy = policy.to_owned();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let reserved = limiter.reserve(&*policy, &borrow(&owned), estimate).await;
+            Python::attach(|py| {
+                let reserved = reserved.map_err(|e| limiter_error(py, &e))?;
+                let decision = Decision::new(reserved.checked);
+                Reservation::new(py, decision, reserved.reservation, side, estimate)
+            })
+        })
+    }
+
+    /// Releases the lease `token` (a `Lease.token`, from any process on the same store and
+    /// policy): `"released"`, `"expired"` or `"not_held"`, as `Lease.release` answers.
+    fn release(&self, py: Python<'_>, policy: &str, token: &str) -> PyResult<&'static str> {
+        let lease = self
+            .threads
+            .lease(policy, token)
+            .map_err(|e| token_error(py, &e))?;
+        let released = self.thread_side().block(py, lease.release());
+        released
+            .map(Released::name)
+            .map_err(|e| limiter_error(py, &e))
+    }
+
+    /// Renews the lease `token`: the seconds it has left, or None when it had expired.
+    fn renew(&self, py: Python<'_>, policy: &str, token: &str) -> PyResult<Option<f64>> {
+        let lease = self
+            .threads
+            .lease(policy, token)
+            .map_err(|e| token_error(py, &e))?;
+        let renewed = self.thread_side().block(py, async {
+            let left = lease.renew().await;
+            // Not released by this handle: the holder still holds it.
+            let _ = lease.forget();
+            left
+        });
+        renewed.map(seconds).map_err(|e| limiter_error(py, &e))
+    }
+
+    /// Settles the reservation `token` (a `Reservation.token`, from any process on the same
+    /// store and policy) with the `actual` cost.
+    fn settle(&self, py: Python<'_>, policy: &str, token: &str, actual: u64) -> PyResult<()> {
+        let reservation = self
+            .threads
+            .reservation(policy, token)
+            .map_err(|e| token_error(py, &e))?;
+        let settled = self.thread_side().block(py, reservation.settle(actual));
+        settled.map_err(|e| limiter_error(py, &e))
+    }
+
     /// Every policy's rule text, by name.
     #[getter]
     fn policies(&self) -> std::collections::BTreeMap<String, String> {
@@ -239,6 +377,23 @@ enum Mode {
 }
 
 impl Limiter {
+    /// Where the leases and reservations a Python thread takes run.
+    fn thread_side(&self) -> Side {
+        match &self.runtime {
+            Some(driver) => Side::Threads(driver.clone()),
+            None => Side::Memory,
+        }
+    }
+
+    /// Where those an awaitable takes run.
+    fn awaitable_side(&self) -> Side {
+        if self.local {
+            Side::Memory
+        } else {
+            Side::Shared
+        }
+    }
+
     fn decide(
         &self,
         py: Python<'_>,
@@ -314,7 +469,7 @@ fn borrow(owned: &[(String, String)]) -> Vec<(&str, &str)> {
 
 /// The runtime asyncio's bridge drives (one per process, one worker: it only carries the
 /// awaitables' I/O; asyncio itself runs on its own thread).
-fn shared_runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn shared_runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
 }
 
@@ -358,7 +513,7 @@ fn build(
             .map_err(|e| store_error(py, &format!("cannot start a runtime: {e}"), false))?;
         let threads = make(open(&runtime)?)?;
         let awaitables = make(open(shared_runtime())?)?;
-        (threads, Some(runtime), awaitables)
+        (threads, Some(Arc::new(Driver(Some(runtime)))), awaitables)
     };
     Ok(Limiter {
         threads,

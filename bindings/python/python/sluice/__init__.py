@@ -7,6 +7,13 @@ The limiter of the Rust workspace (the same rules, stores and counters as `sluic
     >>> limiter.check("api", {"user": "alice"}).allowed
     True
 
+Concurrency leases (`acquire`) and reservations whose cost is known afterwards (`reserve`):
+
+    >>> limiter = sluice.Limiter(policies={"exports": "user:3 concurrent"})
+    >>> with limiter.acquire("exports", {"user": "alice"}) as lease:
+    ...     lease.allowed
+    True
+
 Framework integrations live in `sluice.django`, `sluice.flask`, `sluice.asgi` and
 `sluice.tornado`; each is imported only when used.
 """
@@ -20,15 +27,26 @@ from ._errors import (
     StoreError,
     UnknownPolicy,
 )
-from ._sluice import ClientIp, Decision, Limiter, __version__, hashed, parse_rule
+from ._sluice import (
+    ClientIp,
+    Decision,
+    Lease,
+    Limiter,
+    Reservation,
+    __version__,
+    hashed,
+    parse_rule,
+)
 
 __all__ = [
     "ClientIp",
     "ConfigError",
     "Decision",
+    "Lease",
     "Limiter",
     "MissingSelector",
     "PolicyError",
+    "Reservation",
     "RuleError",
     "SluiceError",
     "StoreError",
