@@ -9,6 +9,7 @@
 //! blocking task of the shared runtime, so no connection waits for a runtime nobody drives.
 
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -37,8 +38,16 @@ impl Side {
     /// answers.
     pub(crate) fn block<T: Send>(&self, py: Python<'_>, work: impl Future<Output = T> + Send) -> T {
         match self {
-            // The memory store never waits: no GIL release for nothing.
-            Side::Memory => shared_runtime().block_on(work),
+            // The memory store never waits: no GIL release, and no runtime, for nothing.
+            // Polled once in place (its futures are ready at once), a runtime only if not.
+            Side::Memory => {
+                let mut work = std::pin::pin!(work);
+                let mut context = Context::from_waker(Waker::noop());
+                match work.as_mut().poll(&mut context) {
+                    Poll::Ready(out) => out,
+                    Poll::Pending => shared_runtime().block_on(work),
+                }
+            }
             Side::Threads(driver) => py.detach(|| driver.block_on(work)),
             Side::Shared => py.detach(|| shared_runtime().block_on(work)),
         }

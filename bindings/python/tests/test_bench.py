@@ -70,3 +70,21 @@ def test_table_prints_every_row() -> None:
                                 "admitted", "sluice", "×"]
     assert lines[2].split()[-2:] == ["50,000", "75%"]  # no factor against itself
     assert lines[3].split()[-3:] == ["10,000", "75%", "5.00"]
+
+
+def test_lease_bench_rows_take_and_give_back_every_slot() -> None:
+    """Keeps `bench_leases.py` from rotting: every row runs, and every acquire is admitted
+    and released (64 slots, one holder at a time), so the rows time what they claim."""
+    completed = subprocess.run(
+        [sys.executable, str(BENCH.with_name("bench_leases.py")), "--seconds", "0.05",
+         "--rounds", "1", "--only", "memory", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    rows = json.loads(completed.stdout)["rows"]
+    assert [row["row"] for row in rows] == [
+        "threading.Semaphore", "with acquire", "acquire + release", "check"]
+    for row in rows:
+        assert row["store"] == "memory" and row["per_second"] > 0
+        assert row["admitted"] == 1.0, row
+    assert rows[0]["ratio"] == 1.0
