@@ -320,6 +320,16 @@ impl Limiter {
             .collect()
     }
 
+    /// Whether a policy's rule has a concurrency leaf: it is taken with `acquire`, not
+    /// `check`.
+    fn concurrent(&self, py: Python<'_>, policy: &str) -> PyResult<bool> {
+        let policy = self
+            .threads
+            .policy(policy)
+            .ok_or_else(|| limiter_error(py, &sluice_limiter::Error::unknown_policy(policy)))?;
+        Ok(policy.leaves.iter().any(|leaf| leaf.leaf.is_concurrency()))
+    }
+
     /// The selector names a policy's rule uses, sorted.
     fn selectors(&self, py: Python<'_>, policy: &str) -> PyResult<Vec<String>> {
         let policy = self

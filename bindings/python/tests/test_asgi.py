@@ -417,3 +417,108 @@ def test_dependency_on_a_router_and_user_from_scope():
     assert client.get("/me", headers={"x-user": "alice"}).status_code == 200
     assert client.get("/me", headers={"x-user": "alice"}).status_code == 429
     assert client.get("/me", headers={"x-user": "carol"}).status_code == 200
+
+
+# --- concurrency policies -------------------------------------------------------------------
+
+
+def streaming_app(limiter: sluice.Limiter, started: asyncio.Event, finish: asyncio.Event,
+                  **options: Any) -> Starlette:
+    """`/download` streams a first chunk, tells `started`, and ends when `finish` is set;
+    `/quick` answers at once; `/fails` raises."""
+    from starlette.responses import StreamingResponse
+
+    async def chunks():
+        yield b"first "
+        started.set()
+        await finish.wait()
+        yield b"last"
+
+    async def download(request: Request) -> Response:
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    async def quick(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def fails(request: Request) -> Response:
+        raise RuntimeError("the endpoint failed")
+
+    routes = [Route("/download", download), Route("/quick", quick), Route("/fails", fails)]
+    return Starlette(routes=routes, middleware=[
+        Middleware(RateLimitMiddleware, limiter=limiter, **options),
+    ])
+
+
+def test_a_streaming_response_keeps_its_slot_until_its_last_chunk(store, namespace):
+    limiter = sluice.Limiter(store, {"downloads": policy("ip:1 concurrent", namespace)})
+
+    async def main() -> None:
+        started, finish = asyncio.Event(), asyncio.Event()
+        app = streaming_app(limiter, started, finish, policy="downloads", key={"ip": "ip"})
+        transport = httpx.ASGITransport(app=app, client=CLIENT)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            download = asyncio.create_task(client.get("/download"))
+            await started.wait()  # the first chunk is out: the stream holds the slot
+            refused = await client.get("/quick")
+            assert refused.status_code == 429
+            assert refused.json()["reason"] == "occupied"
+            assert "retry-after" in refused.headers
+            finish.set()
+            done = await download
+            assert (done.status_code, done.text) == (200, "first last")
+            assert "ratelimit" in done.headers
+            # The stream ended: its slot is free.
+            assert (await client.get("/quick")).status_code == 200
+            # An endpoint that raises gives its slot back too.
+            with pytest.raises(RuntimeError):
+                await client.get("/fails")
+            assert (await client.get("/quick")).status_code == 200
+
+    asyncio.run(main())
+
+
+def test_concurrent_requests_never_hold_more_than_the_limit(store, namespace):
+    limiter = sluice.Limiter(store, {"upstream": policy("3 concurrent", namespace)})
+    holding, most, served = 0, 0, 0
+    everyone_tried = asyncio.Event()
+
+    async def work(request: Request) -> Response:
+        nonlocal holding, most, served
+        holding += 1
+        most = max(most, holding)
+        # Hold the slot until every request has been refused or is being served.
+        await everyone_tried.wait()
+        holding -= 1
+        served += 1
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/work", work)], middleware=[
+        Middleware(RateLimitMiddleware, limiter=limiter, policy="upstream"),
+    ])
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=app, client=CLIENT)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            requests = [asyncio.create_task(client.get("/work")) for _ in range(12)]
+            # Until every request is answered (refused) or being served: a condition
+            # checked at each turn of the loop, not a timed wait.
+            while sum(r.done() for r in requests) + holding < 12:
+                await asyncio.sleep(0)
+            everyone_tried.set()
+            return [r.status_code for r in await asyncio.gather(*requests)]
+
+    codes = asyncio.run(main())
+    assert sorted(codes) == [200] * 3 + [429] * 9
+    assert (most, served) == (3, 3)
+
+
+def test_concurrency_policies_refuse_what_cannot_hold_a_slot():
+    limiter = sluice.Limiter(policies={"slots": "user:2 concurrent"})
+    with pytest.raises(sluice.SluiceError, match="RateLimitMiddleware"):
+        RateLimit(limiter, "slots")
+    with pytest.raises(ValueError, match="cost must be 1"):
+        RateLimitMiddleware(echo, limiter, "slots", cost=2)
+    assert limiter.concurrent("slots") and not sluice.Limiter(
+        policies={"api": "1/s"}).concurrent("api")
+    with pytest.raises(sluice.UnknownPolicy):
+        limiter.concurrent("nope")

@@ -32,6 +32,15 @@ trusted_proxies=(), headers=True, on_refused=None, cost=1)``:
   the default (a Starlette ``Response``, or any ASGI app; it may be a coroutine function);
 - only HTTP requests are limited; WebSocket and lifespan scopes pass through.
 
+**Concurrency policies.** With a policy whose rule has a concurrency leaf (``"user:3
+concurrent"``, ``"50 concurrent lease=30s"``) the middleware takes a lease per request and
+holds it while the app answers: until the app returns, which for a streaming response is after
+its last body message, or until it raises or is cancelled (the client went away). A request
+finding every slot held gets the same ``429`` (denial ``occupied``, with ``Retry-After`` when
+the earliest lease's expiry bounds the wait). ``cost`` must be 1. The FastAPI dependency
+refuses such a policy (a dependency cannot hold a slot past its own return): use the
+middleware, or ``async with await limiter.acquire_async(...)`` in the endpoint.
+
 Add several middlewares for several policies. Starlette runs the first ``Middleware`` of the
 list outermost: put ``AuthenticationMiddleware`` before this one so ``"user"`` is known.
 
@@ -110,6 +119,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ._errors import SluiceError
 from ._keys import KeyMap, Source, methods
 from ._sluice import ClientIp, Decision, Limiter
 
@@ -337,6 +347,11 @@ class RateLimitMiddleware:
         self.headers = headers
         self.on_refused = on_refused
         self.cost = cost
+        # A concurrency policy takes a lease per request, held while the app answers.
+        self.concurrent = limiter.concurrent(policy)
+        if self.concurrent and cost != 1:
+            raise ValueError(f"policy {policy!r} has a concurrency leaf: a request takes one "
+                             f"slot, so cost must be 1 (got {cost})")
 
     def applies(self, scope: Scope) -> bool:
         """Whether this request counts: an HTTP request of a limited method and path."""
@@ -362,6 +377,9 @@ class RateLimitMiddleware:
             receive = _replay(received, receive)
         request = Request(scope, receive)
         selectors = self.keymap.selectors(_ScopeView(scope, form), request)
+        if self.concurrent:
+            await self._hold(request, selectors, send)
+            return
         decision = await self.limiter.check_async(self.policy, selectors, self.cost)
         if not decision.allowed:
             await self._refuse(request, decision, selectors, send)
@@ -369,6 +387,22 @@ class RateLimitMiddleware:
         if self.headers:
             send = _adding_headers(send, _encoded(decision.headers()))
         await self.app(scope, receive, send)
+
+    async def _hold(self, request: Request, selectors: Dict[str, str], send: Send) -> None:
+        """Answers a request under a concurrency policy: the app runs holding a slot, which
+        goes back when the app returns (after the last body message of a streaming response
+        is sent), raises, or is cancelled (the client went away)."""
+        lease = await self.limiter.acquire_async(self.policy, selectors)
+        if not lease:
+            await self._refuse(request, lease.decision, selectors, send)
+            return
+        if self.headers:
+            send = _adding_headers(send, _encoded(lease.decision.headers()))
+        try:
+            await self.app(request.scope, request.receive, send)
+        finally:
+            # A cancelled release leaves the lease to its background release.
+            await lease.release_async()
 
     async def _refuse(self, request: Request, decision: Decision, selectors: Dict[str, str],
                       send: Send) -> None:
@@ -416,6 +450,11 @@ class RateLimit:
         headers: bool = True,
         block: bool = True,
     ):
+        if limiter.concurrent(policy):
+            raise SluiceError(
+                f"policy {policy!r} has a concurrency leaf, whose slot is held until the "
+                "response ends: limit it with RateLimitMiddleware (or `async with "
+                "limiter.acquire_async(...)` in the endpoint), not a dependency")
         self.limiter = limiter
         self.policy = policy
         self.keymap = _default_key(limiter, policy, ClientIp(list(trusted_proxies)), key)
