@@ -454,3 +454,68 @@ def test_django_and_sluice_serve_share_one_exact_limit(redis_url, namespace, slu
         # One counter, whichever side asks: another user still has the whole limit.
         assert Client().get("/shared/", {"user": "alice"}).status_code == 429
         assert Client().get("/shared/", {"user": "bob"}).status_code == 200
+
+
+# --- concurrency policies ---------------------------------------------------------------------
+
+
+def test_a_concurrency_policy_holds_its_slot_until_the_response_is_closed(configure, signals):
+    configure({"slots": "ip:1 concurrent"})
+    client = Client()
+    # Each answered response is closed by the client, as a server closes it once sent.
+    assert [client.get("/slot/").status_code for _ in range(3)] == [200, 200, 200]
+    streaming = client.get("/stream/")
+    assert streaming.status_code == 200 and "RateLimit" in streaming
+    # Not read yet: the stream holds the slot.
+    refused_answer = client.get("/slot/")
+    assert refused_answer.status_code == 429
+    assert refused_answer.json()["reason"] == "occupied"
+    assert [s["policy"] for s in signals] == ["slots"]
+    assert b"".join(streaming.streaming_content) == b"first last"  # read, then closed
+    assert client.get("/slot/").status_code == 200
+
+
+def test_a_view_that_raises_gives_its_slot_back(configure):
+    configure({"slots": "ip:1 concurrent"})
+    client = Client()
+    with pytest.raises(RuntimeError):
+        client.get("/fails/")
+    assert client.get("/slot/").status_code == 200
+
+
+def test_an_async_view_holds_a_slot_as_a_sync_one(configure):
+    configure({"slots": "ip:1 concurrent"})
+    factory = AsyncRequestFactory()
+    first = async_to_sync(views.async_slot)(factory.get("/async-slot/"))
+    assert first.status_code == 200 and first.content == b"async slot"
+    second = async_to_sync(views.async_slot)(factory.get("/async-slot/"))
+    assert second.status_code == 429  # the first response is not closed yet
+    first.close()
+    assert async_to_sync(views.async_slot)(factory.get("/async-slot/")).status_code == 200
+
+
+def test_middleware_rules_take_leases_too(configure):
+    configure(
+        {"slots": "ip:1 concurrent", "hourly": "ip:5/h"},
+        MIDDLEWARE=[{"policy": "hourly", "paths": ["/api/"]},
+                    {"policy": "slots", "paths": ["/api/"]}],
+    )
+    with override_settings(MIDDLEWARE=["sluice.django.RateLimitMiddleware"]):
+        factory = RequestFactory()
+        middleware = RateLimitMiddleware(lambda request: HttpResponse("ok"))
+        held = middleware(factory.get("/api/ping/"))
+        assert held.status_code == 200
+        assert middleware(factory.get("/api/ping/")).status_code == 429  # slot held
+        held.close()
+        assert middleware(factory.get("/api/ping/")).status_code == 200
+
+
+def test_a_concurrency_policy_takes_no_failure_counting(configure):
+    configure({"slots": "ip:1 concurrent"})
+
+    @ratelimit("slots", key={"ip": "ip"}, count="failures")
+    def counted(request):
+        return HttpResponse("ok")
+
+    with pytest.raises(ImproperlyConfigured, match="count='failures'"):
+        counted(RequestFactory().get("/"))

@@ -102,6 +102,15 @@ A rule takes the decorator's options (``key``, ``method``, ``block``, ``cost``,
 ``count``, ``failed``) plus ``paths``, prefixes of ``request.path_info`` (default: every
 path). Every matching rule counts the request; the first that refuses answers it.
 
+**Concurrency policies.** A policy whose rule has a concurrency leaf (``"user:3
+concurrent"``: at most 3 exports running per user) takes a lease per request instead of a
+check, in the decorator and in middleware rules alike. The slot is held until Django closes
+the response, which it does once the response is sent: a ``StreamingHttpResponse`` keeps it
+until its last chunk. A view that raises, or a later limit that refuses, gives it back at
+once. A request finding every slot held is refused as for a rate (429, denial
+``occupied``). Such a policy takes neither ``count="failures"`` nor a ``cost`` other than 1
+(``ImproperlyConfigured`` on the first request).
+
 **Logins: a success does not count.** ``count="failures"`` counts only the requests whose
 response is a failure (status >= 400, or ``failed(request, response)`` returns True)::
 
@@ -132,7 +141,8 @@ from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
 
 from ._keys import KeyMap, Source, methods
-from ._sluice import ClientIp, Decision, Limiter
+from ._errors import SluiceError
+from ._sluice import ClientIp, Decision, Lease, Limiter
 
 try:  # Django >= 5.0 marks async views this way too; inspect's check misses those.
     from asgiref.sync import iscoroutinefunction
@@ -443,6 +453,37 @@ def _finish(
 # from a legitimate client, so the simple way was chosen.
 
 
+# A guard whose policy has a concurrency leaf takes a lease instead of a check, held until
+# the response is closed: Django closes it once the server has sent it, a streaming
+# response after its last chunk (`HttpResponseBase.close` runs the closers added here). A
+# view that raises, and a later guard that refuses, give the leases taken back at once.
+
+
+def _concurrent(guard: _Guard, limiter: Limiter) -> bool:
+    if not limiter.concurrent(guard.policy):
+        return False
+    if guard.count_failures or guard.cost != 1:
+        raise ImproperlyConfigured(
+            f"policy {guard.policy!r} has a concurrency leaf: a request holds one slot, so "
+            "it takes neither count='failures' nor a cost other than 1"
+        )
+    return True
+
+
+def _let_go(lease: Lease) -> None:
+    """Releases `lease`; a store that cannot answer leaves it to expire at its lease time."""
+    try:
+        lease.release()
+    except SluiceError:
+        pass
+
+
+def _hold_until_closed(response: HttpResponseBase, leases: list[Lease]) -> HttpResponseBase:
+    for lease in leases:
+        response._resource_closers.append(functools.partial(_let_go, lease))
+    return response
+
+
 def _guarded(
     guards: Sequence[_Guard],
     sender: Any,
@@ -451,25 +492,38 @@ def _guarded(
 ) -> HttpResponseBase:
     current = _current()
     passed: Passed = []
+    leases: list[Lease] = []
     view = _RequestView(request)
-    for guard in guards:
-        limiter = guard.limiter(current)
-        selectors = guard.selectors(current, request, view)
-        ask = limiter.peek if guard.count_failures else limiter.check
-        decision = ask(guard.policy, selectors, guard.cost)
-        _remember(request, decision)
-        if not decision.allowed:
-            refused.send(**_refused_arguments(sender, request, guard, selectors, decision))
-            if guard.block:
-                return _refusal(current, request, decision)
-        passed.append((guard, limiter, selectors, decision))
-    response = call()
+    try:
+        for guard in guards:
+            limiter = guard.limiter(current)
+            selectors = guard.selectors(current, request, view)
+            if _concurrent(guard, limiter):
+                lease = limiter.acquire(guard.policy, selectors)
+                leases.append(lease)
+                decision = lease.decision
+            else:
+                ask = limiter.peek if guard.count_failures else limiter.check
+                decision = ask(guard.policy, selectors, guard.cost)
+            _remember(request, decision)
+            if not decision.allowed:
+                refused.send(**_refused_arguments(sender, request, guard, selectors, decision))
+                if guard.block:
+                    for lease in leases:
+                        _let_go(lease)
+                    return _refusal(current, request, decision)
+            passed.append((guard, limiter, selectors, decision))
+        response = call()
+    except BaseException:
+        for lease in leases:
+            _let_go(lease)
+        raise
     decisions = []
     for guard, limiter, selectors, decision in passed:
         if guard.count_failures and guard.failed(request, response):
             decision = limiter.check(guard.policy, selectors, guard.cost)
         decisions.append(decision)
-    return _finish(current, response, decisions)
+    return _hold_until_closed(_finish(current, response, decisions), leases)
 
 
 async def _guarded_async(
@@ -484,29 +538,50 @@ async def _guarded_async(
     if hasattr(request, "auser") and any(guard.wants_user(current) for guard in guards):
         user = await request.auser()
     view = _RequestView(request, user)
-    for guard in guards:
-        limiter = guard.limiter(current)
-        selectors = guard.selectors(current, request, view)
-        ask = limiter.peek_async if guard.count_failures else limiter.check_async
-        decision = await ask(guard.policy, selectors, guard.cost)
-        _remember(request, decision)
-        if not decision.allowed:
-            # `asend` (Django >= 5.0) also runs async receivers; `send` cannot from a loop.
-            arguments = _refused_arguments(sender, request, guard, selectors, decision)
-            if hasattr(refused, "asend"):
-                await refused.asend(**arguments)
+    leases: list[Lease] = []
+    try:
+        for guard in guards:
+            limiter = guard.limiter(current)
+            selectors = guard.selectors(current, request, view)
+            if _concurrent(guard, limiter):
+                lease = await limiter.acquire_async(guard.policy, selectors)
+                leases.append(lease)
+                decision = lease.decision
             else:
-                refused.send(**arguments)
-            if guard.block:
-                return _refusal(current, request, decision)
-        passed.append((guard, limiter, selectors, decision))
-    response = await call()
+                ask = limiter.peek_async if guard.count_failures else limiter.check_async
+                decision = await ask(guard.policy, selectors, guard.cost)
+            _remember(request, decision)
+            if not decision.allowed:
+                # `asend` (Django >= 5.0) also runs async receivers; `send` cannot from a loop.
+                arguments = _refused_arguments(sender, request, guard, selectors, decision)
+                if hasattr(refused, "asend"):
+                    await refused.asend(**arguments)
+                else:
+                    refused.send(**arguments)
+                if guard.block:
+                    await _let_go_async(leases)
+                    return _refusal(current, request, decision)
+            passed.append((guard, limiter, selectors, decision))
+        response = await call()
+    except BaseException:
+        await _let_go_async(leases)
+        raise
     decisions = []
     for guard, limiter, selectors, decision in passed:
         if guard.count_failures and guard.failed(request, response):
             decision = await limiter.check_async(guard.policy, selectors, guard.cost)
         decisions.append(decision)
-    return _finish(current, response, decisions)
+    # Django closes the response from a thread (`sync_to_async`), where a sync release is
+    # right.
+    return _hold_until_closed(_finish(current, response, decisions), leases)
+
+
+async def _let_go_async(leases: list[Lease]) -> None:
+    for lease in leases:
+        try:
+            await lease.release_async()
+        except SluiceError:
+            pass
 
 
 def ratelimit(

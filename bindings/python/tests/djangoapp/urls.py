@@ -11,6 +11,10 @@ urlpatterns = [
     path("shared/", views.shared),
     path("report/", views.Report.as_view()),
     path("async/", views.async_hourly),
+    path("slot/", views.slot),
+    path("stream/", views.stream),
+    path("fails/", views.fails),
+    path("async-slot/", views.async_slot),
     path("api/ping/", views.unlimited),
     path("open/ping/", views.unlimited),
 ]

@@ -3,7 +3,7 @@ defined by each test's ``SLUICE`` setting, so one view runs against memory or Re
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
@@ -63,6 +63,30 @@ class Report(View):
 @ratelimit("hourly", key={"ip": "ip"})
 async def async_hourly(request: HttpRequest) -> HttpResponse:
     return HttpResponse("async ok")
+
+
+# A concurrency policy ("slots", defined by each test): one slot per address.
+
+
+@ratelimit("slots", key={"ip": "ip"})
+def slot(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("slot")
+
+
+@ratelimit("slots", key={"ip": "ip"})
+def stream(request: HttpRequest) -> StreamingHttpResponse:
+    """Holds its slot until the client has read the last chunk."""
+    return StreamingHttpResponse(iter([b"first ", b"last"]))
+
+
+@ratelimit("slots", key={"ip": "ip"})
+def fails(request: HttpRequest) -> HttpResponse:
+    raise RuntimeError("the view failed")
+
+
+@ratelimit("slots", key={"ip": "ip"})
+async def async_slot(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("async slot")
 
 
 def unlimited(request: HttpRequest) -> HttpResponse:
