@@ -382,3 +382,55 @@ def test_bad_key_fails_at_decoration():
         limits.limit("api", key={"ip": "remote"})
     with pytest.raises(ValueError, match="block"):
         limits.limit("api", block="sometimes")
+
+
+# --- concurrency policies ---------------------------------------------------------------------
+
+
+def test_a_concurrency_policy_holds_its_slot_until_the_response_is_closed(store, namespace):
+    limiter = sluice.Limiter(store, {"slots": policy("ip:1 concurrent", namespace)})
+    app, limits = make_app(limiter)
+
+    @app.get("/slot")
+    @limits.limit("slots", key={"ip": "ip"})
+    def slot():
+        return "slot"
+
+    @app.get("/stream")
+    @limits.limit("slots", key={"ip": "ip"})
+    def stream():
+        return app.response_class(iter([b"first ", b"last"]), mimetype="text/plain")
+
+    @app.get("/fails")
+    @limits.limit("slots", key={"ip": "ip"})
+    def fails():
+        raise RuntimeError("the view failed")
+
+    client = app.test_client()
+    # A buffered answer is read and closed by the client, as a server closes a response
+    # once sent (unbuffered, Werkzeug's client leaves closing to the caller).
+    assert [client.get("/slot", buffered=True).status_code for _ in range(3)] == [200, 200, 200]
+    streaming = client.get("/stream", buffered=False)
+    assert streaming.status_code == 200 and "RateLimit" in streaming.headers
+    refused_answer = client.get("/slot", buffered=True)  # the stream, not read yet, holds the slot
+    assert refused_answer.status_code == 429
+    assert refused_answer.get_json(force=True)["reason"] == "occupied"
+    assert b"".join(streaming.response) == b"first last"
+    streaming.close()
+    assert client.get("/slot", buffered=True).status_code == 200
+    with pytest.raises(RuntimeError):
+        client.get("/fails")
+    assert client.get("/slot", buffered=True).status_code == 200
+
+
+def test_a_concurrency_policy_takes_one_slot_a_request(namespace):
+    limiter = sluice.Limiter(policies={"slots": "ip:1 concurrent"})
+    app, limits = make_app(limiter)
+
+    @app.get("/")
+    @limits.limit("slots", key={"ip": "ip"}, cost=2)
+    def costly():
+        return "ok"
+
+    with pytest.raises(ValueError, match="cost must be 1"):
+        app.test_client().get("/")

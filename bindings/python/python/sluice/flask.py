@@ -58,6 +58,12 @@ Flask has no user of its own: ``Sluice(user=callable)`` returns the current user
   it answers the same problem+json response as ``block=True``;
 - ``cost`` is how many hits the request counts for.
 
+**Concurrency policies.** With a policy whose rule has a concurrency leaf (``"user:3
+concurrent"``) the decorator takes a lease per request instead of a check and holds it until
+the server closes the response: once it is sent, a streamed response after its last chunk.
+A view that raises gives it back at once. A request finding every slot held is refused as for
+a rate (429, denial ``occupied``); ``cost`` must be 1.
+
 **Refusals.** ``Sluice(on_refused=fn)`` replaces the refusal response: ``fn(request,
 decision, selectors)`` returns anything a view may return. The blinker signal `refused`
 (``sluice.flask.refused``) is sent for every denied decision, blocking or not, with
@@ -81,8 +87,9 @@ from blinker import Namespace
 from flask import Flask, Request, Response, current_app, g, request
 from werkzeug.exceptions import TooManyRequests
 
+from ._errors import SluiceError
 from ._keys import KeyMap, Source, methods
-from ._sluice import ClientIp, Decision, Limiter
+from ._sluice import ClientIp, Decision, Lease, Limiter
 
 __all__ = ["RateLimited", "Sluice", "refused"]
 
@@ -123,6 +130,17 @@ class _AppState:
     def __init__(self, limiter: Limiter):
         self.limiter = limiter
         self.default_keys: dict[str, KeyMap] = {}
+        self._concurrent: dict[str, bool] = {}
+
+    def concurrent(self, policy: str, cost: int) -> bool:
+        """Whether `policy` takes a lease per request (its rule has a concurrency leaf)."""
+        known = self._concurrent.get(policy)
+        if known is None:
+            known = self._concurrent[policy] = self.limiter.concurrent(policy)
+        if known and cost != 1:
+            raise ValueError(f"policy {policy!r} has a concurrency leaf: a request takes one "
+                             f"slot, so cost must be 1 (got {cost})")
+        return known
 
 
 class _FlaskView:
@@ -220,18 +238,26 @@ class Sluice:
         keymap = None if key is None else KeyMap(key, self._client_ip)
         limited_methods = methods(method)
 
-        def refusal() -> Any:
-            """Counts the request; None lets the view run, anything else is the answer."""
+        def refusal() -> tuple[Any, Optional[Lease]]:
+            """Counts the request: (None, the lease it holds, if any) lets the view run,
+            anything else first is the answer."""
             if limited_methods is not None and request.method not in limited_methods:
-                return None
+                return None, None
             state = self._state()
             selectors = self._keymap(state, policy, keymap).selectors(
                 _FlaskView(request, self._user), request
             )
-            decision = state.limiter.check(policy, selectors, cost)
-            _remember(decision)
-            if decision.allowed:
-                return None
+            if state.concurrent(policy, cost):
+                lease = state.limiter.acquire(policy, selectors)
+                decision = lease.decision
+                _remember(decision)
+                if decision.allowed:
+                    return None, lease
+            else:
+                decision = state.limiter.check(policy, selectors, cost)
+                _remember(decision)
+                if decision.allowed:
+                    return None, None
             refused.send(
                 current_app._get_current_object(),
                 request=request._get_current_object(),
@@ -241,10 +267,10 @@ class Sluice:
                 blocked=bool(block),
             )
             if block is False:
-                return None
+                return None, None
             if block == "raise":
                 raise RateLimited(decision, selectors)
-            return self._refuse(decision, selectors)
+            return self._refuse(decision, selectors), None
 
         def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
             if inspect.iscoroutinefunction(view):
@@ -252,15 +278,33 @@ class Sluice:
                 # blocking check holds up only this request.
                 @functools.wraps(view)
                 async def limited_async_view(*args: Any, **kwargs: Any) -> Any:
-                    answer = refusal()
-                    return answer if answer is not None else await view(*args, **kwargs)
+                    answer, lease = refusal()
+                    if answer is not None:
+                        return answer
+                    if lease is None:
+                        return await view(*args, **kwargs)
+                    try:
+                        answer = await view(*args, **kwargs)
+                    except BaseException:
+                        _let_go(lease)
+                        raise
+                    return _hold_until_closed(answer, lease)
 
                 return limited_async_view
 
             @functools.wraps(view)
             def limited_view(*args: Any, **kwargs: Any) -> Any:
-                answer = refusal()
-                return answer if answer is not None else view(*args, **kwargs)
+                answer, lease = refusal()
+                if answer is not None:
+                    return answer
+                if lease is None:
+                    return view(*args, **kwargs)
+                try:
+                    answer = view(*args, **kwargs)
+                except BaseException:
+                    _let_go(lease)
+                    raise
+                return _hold_until_closed(answer, lease)
 
             return limited_view
 
@@ -301,6 +345,22 @@ class Sluice:
         if state is None:
             raise RuntimeError("sluice.flask.Sluice.init_app(app) was not called for this app")
         return state
+
+
+def _let_go(lease: Lease) -> None:
+    """Releases `lease`; a store that cannot answer leaves it to expire at its lease time."""
+    try:
+        lease.release()
+    except SluiceError:
+        pass
+
+
+def _hold_until_closed(answer: Any, lease: Lease) -> Response:
+    """The view's answer as a response that releases `lease` when the server closes it: once
+    sent, a streamed response after its last chunk."""
+    response = current_app.make_response(answer)
+    response.call_on_close(functools.partial(_let_go, lease))
+    return response
 
 
 def _remember(decision: Decision) -> None:
