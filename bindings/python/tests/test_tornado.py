@@ -32,6 +32,7 @@ POLICIES = {
     "soft": "ip:2/h",
     "proxied": "ip:2/h",
     "context": "username:10/h",
+    "slots": "ip:1 concurrent",
 }
 
 
@@ -124,6 +125,31 @@ class Context(RefusalMixin, RequestHandler):
             self.write("ok")
 
 
+class SlotStream(RequestHandler):
+    """Streams a first chunk, tells the test, and ends when the test says: its slot is held
+    all along."""
+
+    @ratelimit("slots", key={"ip": "ip"})
+    async def get(self) -> None:
+        self.write("first ")
+        await self.flush()
+        self.settings["started"].set()
+        await self.settings["finish"].wait()
+        self.write("last")
+
+
+class SlotQuick(RequestHandler):
+    @ratelimit("slots", key={"ip": "ip"})
+    def get(self) -> None:
+        self.write("ok")
+
+
+class SlotFails(RequestHandler):
+    @ratelimit("slots", key={"ip": "ip"})
+    def get(self) -> None:
+        raise RuntimeError("the method failed")
+
+
 ROUTES = [
     (r"/page", Page),
     (r"/async", AsyncPage),
@@ -133,6 +159,9 @@ ROUTES = [
     (r"/soft", Soft),
     (r"/proxied", Proxied),
     (r"/context", Context),
+    (r"/slot-stream", SlotStream),
+    (r"/slot-quick", SlotQuick),
+    (r"/slot-fails", SlotFails),
 ]
 
 
@@ -155,6 +184,8 @@ class Cases:
             sluice_limiter=self.limiter,
             sluice_trusted_proxies=["127.0.0.1/32"],
             runs=self.runs,
+            started=asyncio.Event(),
+            finish=asyncio.Event(),
         )
 
     def post_login(self, username: str) -> HTTPResponse:
@@ -262,6 +293,47 @@ class Cases:
         assert 350 < refused.value.retry_after <= 360  # hour / 10
         async with limited(self.limiter, "context", {"username": "dave"}) as decision:
             assert decision.remaining == 9
+
+    @gen_test
+    async def test_a_concurrency_policy_holds_its_slot_until_the_response_finishes(self) -> None:
+        settings = self._app.settings
+        stream = asyncio.ensure_future(self.http_client.fetch(self.get_url("/slot-stream")))
+        await settings["started"].wait()  # the first chunk is out: the stream holds the slot
+        refused = await self.http_client.fetch(self.get_url("/slot-quick"), raise_error=False)
+        assert refused.code == 429
+        assert problem(refused)["reason"] == "occupied"
+        settings["finish"].set()
+        done = await stream
+        assert (done.code, done.body) == (200, b"first last")
+        assert await self.admitted_once_released("/slot-quick")
+        # A method that raises gives its slot back too (Tornado finishes with a 500).
+        failed = await self.http_client.fetch(self.get_url("/slot-fails"), raise_error=False)
+        assert failed.code == 500
+        assert await self.admitted_once_released("/slot-quick")
+
+    async def admitted_once_released(self, path: str) -> bool:
+        """The slot goes back in the background once the response has finished: polls the
+        real handler until it is admitted (a few tries at most)."""
+        for _ in range(100):
+            answer = await self.http_client.fetch(self.get_url(path), raise_error=False)
+            if answer.code == 200:
+                return True
+            await asyncio.sleep(0.01)  # polling a real server, not standing in for a sync
+        return False
+
+    @gen_test
+    async def test_limited_holds_a_lease_under_a_concurrency_policy(self) -> None:
+        async with limited(self.limiter, "slots", {"ip": "a"}) as decision:
+            assert decision.allowed and decision.remaining == 0
+            with pytest.raises(RateLimited) as refused:
+                async with limited(self.limiter, "slots", {"ip": "a"}):
+                    pass
+            assert refused.value.decision.denial == "occupied"
+        with limited(self.limiter, "slots", {"ip": "a"}) as decision:  # released on exit
+            assert decision.allowed
+        with pytest.raises(ValueError, match="cost must be 1"):
+            async with limited(self.limiter, "slots", {"ip": "a"}, cost=2):
+                pass
 
     def test_sync_limited(self) -> None:
         for _ in range(10):

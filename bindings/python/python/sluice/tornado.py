@@ -42,6 +42,13 @@ the store could not decide and the policy fails closed), exactly as the tower la
   refusals itself: write a response, redirect, or raise `tornado.web.HTTPError`. If it does not
   finish the response, sluice does.
 
+Concurrency policies. With a policy whose rule has a concurrency leaf (``"ip:3
+concurrent"``) the decorator takes a lease per request instead of a check and releases it
+when the handler finishes its response (Tornado's `on_finish`, after the last byte, an error
+page included), in the background; a request finding every slot held is refused as for a rate
+(429, denial ``occupied``). `limited` holds a lease for the length of its block. ``cost`` must
+be 1.
+
 The decision is awaited (`Limiter.check_async`), so the IOLoop is never blocked, whether the
 decorated method is plain or ``async def``. Decorators apply outside in: put
 ``@tornado.web.authenticated`` above ``@ratelimit`` so anonymous requests are redirected
@@ -77,6 +84,7 @@ to answer it with the decision's header fields and problem+json body as well.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import socket
@@ -87,7 +95,7 @@ from tornado.web import Application, HTTPError, RequestHandler
 
 from ._errors import MissingSelector, SluiceError
 from ._keys import KeyMap, Source, methods
-from ._sluice import ClientIp, Decision, Limiter
+from ._sluice import ClientIp, Decision, Lease, Limiter
 
 __all__ = ["RateLimited", "RefusalMixin", "limited", "ratelimit", "write_refusal"]
 
@@ -131,7 +139,8 @@ class limited:
     raises `RateLimited` when it is refused; `with` does the same synchronously.
 
     Nothing happens on exit: the hit is recorded whether the block succeeds or not, as a
-    login attempt counts whether the password was right."""
+    login attempt counts whether the password was right. Under a concurrency policy the block
+    holds a lease instead, released when it ends (however it ends)."""
 
     def __init__(
         self,
@@ -144,18 +153,41 @@ class limited:
         self.policy = policy
         self.selectors = selectors
         self.cost = cost
+        self._lease: Optional[Lease] = None
 
     async def __aenter__(self) -> Decision:
+        if _concurrent(self.limiter, self.policy, self.cost):
+            self._lease = await self.limiter.acquire_async(self.policy, self.selectors)
+            return _admitted(self._lease.decision)
         return _admitted(await self.limiter.check_async(self.policy, self.selectors, self.cost))
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.__aexit__(*exc_info)
         return None
 
     def __enter__(self) -> Decision:
+        if _concurrent(self.limiter, self.policy, self.cost):
+            self._lease = self.limiter.acquire(self.policy, self.selectors)
+            return _admitted(self._lease.decision)
         return _admitted(self.limiter.check(self.policy, self.selectors, self.cost))
 
     def __exit__(self, *exc_info: Any) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.__exit__(*exc_info)
         return None
+
+
+def _concurrent(limiter: Limiter, policy: str, cost: int) -> bool:
+    """Whether `policy` takes a lease (its rule has a concurrency leaf) instead of a check."""
+    if not limiter.concurrent(policy):
+        return False
+    if cost != 1:
+        raise ValueError(f"policy {policy!r} has a concurrency leaf: a request takes one "
+                         f"slot, so cost must be 1 (got {cost})")
+    return True
 
 
 def _admitted(decision: Decision) -> Decision:
@@ -211,11 +243,13 @@ def ratelimit(
         @functools.wraps(handler_method)
         async def limited_method(self: RequestHandler, *args: Any, **kwargs: Any) -> Any:
             if only is None or self.request.method in only:
-                decision = await _decide(self, policy, keys, cost, limiter)
+                decision, lease = await _decide(self, policy, keys, cost, limiter)
                 if not decision.allowed and block:
                     await _refuse(self, decision)
                     return None
                 _note(self, decision, block)
+                if lease is not None:
+                    _release_on_finish(self, lease)
             elif not block and not hasattr(self, "sluice_decision"):
                 self.sluice_decision = None  # type: ignore[attr-defined]
             result = handler_method(self, *args, **kwargs)
@@ -234,7 +268,8 @@ async def _decide(
     keys: _KeysByApplication,
     cost: int,
     limiter: Optional[Limiter],
-) -> Decision:
+) -> tuple[Decision, Optional[Lease]]:
+    """The decision on the request, and the lease it holds under a concurrency policy."""
     if limiter is None:
         limiter = handler.settings.get("sluice_limiter")
         if limiter is None:
@@ -244,7 +279,32 @@ async def _decide(
             )
     key_map, trusting = keys.for_application(handler.application)
     selectors = key_map.selectors(_View(handler, trusting), handler)
-    return await limiter.check_async(policy, selectors, cost)
+    if _concurrent(limiter, policy, cost):
+        lease = await limiter.acquire_async(policy, selectors)
+        return lease.decision, (lease if lease else None)
+    return await limiter.check_async(policy, selectors, cost), None
+
+
+def _release_on_finish(handler: RequestHandler, lease: Lease) -> None:
+    """Releases `lease` when `handler` finishes its response (Tornado's `on_finish`: after the
+    last byte, an error page included), in the background so the IOLoop never waits."""
+    finishing = handler.on_finish
+
+    def on_finish() -> None:
+        try:
+            finishing()
+        finally:
+            asyncio.ensure_future(_let_go(lease))
+
+    handler.on_finish = on_finish  # type: ignore[method-assign]
+
+
+async def _let_go(lease: Lease) -> None:
+    """Releases `lease`; a store that cannot answer leaves it to expire at its lease time."""
+    try:
+        await lease.release_async()
+    except SluiceError:
+        pass
 
 
 def _note(handler: RequestHandler, decision: Decision, block: bool) -> None:
