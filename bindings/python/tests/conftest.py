@@ -10,6 +10,7 @@ port or reading the line the binary prints when it listens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,6 +53,22 @@ def stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@contextlib.contextmanager
+def own_redis_server() -> Iterator[int]:
+    """A redis-server of the test's own on a free port, for a test that loses it: yields the
+    port, and the server is stopped when the block ends."""
+    port = free_port()
+    process = subprocess.Popen(
+        [shutil.which("redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, process)
+        yield port
+    finally:
+        stop(process)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import sluice
-from conftest import policy
+from conftest import own_redis_server, policy
 
 
 def served_by_threads(acquire, limit: int, threads: int, rounds: int) -> tuple[int, int]:
@@ -271,18 +271,7 @@ def test_leases_and_reservations_refuse_what_they_cannot_do(store: str, namespac
 
 
 def test_a_with_block_keeps_its_own_exception_when_the_store_is_lost(namespace: str):
-    import shutil
-    import subprocess
-
-    from conftest import free_port, stop, wait_for_port
-
-    port = free_port()
-    process = subprocess.Popen(
-        [shutil.which("redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, process)
+    with own_redis_server() as port:
         limiter = sluice.Limiter(
             f"redis://127.0.0.1:{port}?timeout_ms=200",
             {"exports": policy("user:2 concurrent", namespace)},
@@ -290,8 +279,6 @@ def test_a_with_block_keeps_its_own_exception_when_the_store_is_lost(namespace: 
         failing = limiter.acquire("exports", {"user": "u"})
         quiet = limiter.acquire("exports", {"user": "u"})
         assert failing and quiet
-    finally:
-        stop(process)
     # The block's own exception goes on; the slot would free itself at the lease time.
     with pytest.raises(KeyError):
         with failing:

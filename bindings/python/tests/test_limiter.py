@@ -4,7 +4,6 @@ asyncio. The framework integrations have their own files."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sluice
-from conftest import ROOT, free_port, stop, wait_for_port
+from conftest import ROOT, own_redis_server
 
 
 def test_a_decision_carries_the_numbers_a_client_needs():
@@ -238,15 +237,7 @@ def test_redis_two_limiters_and_asyncio_share_one_exact_limit(redis_url: str, na
 
 
 def test_a_lost_redis_falls_back_to_the_policys_failure_mode(namespace: str):
-    import shutil
-
-    port = free_port()
-    process = subprocess.Popen(
-        [shutil.which("redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, process)
+    with own_redis_server() as port:
         url = f"redis://127.0.0.1:{port}?timeout_ms=200"
         limiter = sluice.Limiter(
             url,
@@ -256,8 +247,6 @@ def test_a_lost_redis_falls_back_to_the_policys_failure_mode(namespace: str):
             },
         )
         assert limiter.check("closed", {"user": "u"}).without_store is None
-    finally:
-        stop(process)
     closed = limiter.check("closed", {"user": "u"})
     assert (closed.allowed, closed.denial, closed.without_store) == (
         False,

@@ -121,6 +121,7 @@ from starlette.responses import Response
 
 from ._errors import SluiceError
 from ._keys import KeyMap, Source, methods
+from ._leases import takes_leases
 from ._sluice import ClientIp, Decision, Limiter
 
 __all__ = [
@@ -348,10 +349,7 @@ class RateLimitMiddleware:
         self.on_refused = on_refused
         self.cost = cost
         # A concurrency policy takes a lease per request, held while the app answers.
-        self.concurrent = limiter.concurrent(policy)
-        if self.concurrent and cost != 1:
-            raise ValueError(f"policy {policy!r} has a concurrency leaf: a request takes one "
-                             f"slot, so cost must be 1 (got {cost})")
+        self.concurrent = takes_leases(limiter, policy, cost)
 
     def applies(self, scope: Scope) -> bool:
         """Whether this request counts: an HTTP request of a limited method and path."""

@@ -141,7 +141,7 @@ from django.http.response import HttpResponseBase
 from django.utils.module_loading import import_string
 
 from ._keys import KeyMap, Source, methods
-from ._errors import SluiceError
+from ._leases import let_go, let_go_async, takes_leases
 from ._sluice import ClientIp, Decision, Lease, Limiter
 
 try:  # Django >= 5.0 marks async views this way too; inspect's check misses those.
@@ -460,27 +460,21 @@ def _finish(
 
 
 def _concurrent(guard: _Guard, limiter: Limiter) -> bool:
-    if not limiter.concurrent(guard.policy):
-        return False
-    if guard.count_failures or guard.cost != 1:
+    try:
+        leases = takes_leases(limiter, guard.policy, guard.cost)
+    except ValueError as error:
+        raise ImproperlyConfigured(str(error)) from None
+    if leases and guard.count_failures:
         raise ImproperlyConfigured(
             f"policy {guard.policy!r} has a concurrency leaf: a request holds one slot, so "
-            "it takes neither count='failures' nor a cost other than 1"
+            "it takes no count='failures'"
         )
-    return True
-
-
-def _let_go(lease: Lease) -> None:
-    """Releases `lease`; a store that cannot answer leaves it to expire at its lease time."""
-    try:
-        lease.release()
-    except SluiceError:
-        pass
+    return leases
 
 
 def _hold_until_closed(response: HttpResponseBase, leases: list[Lease]) -> HttpResponseBase:
     for lease in leases:
-        response._resource_closers.append(functools.partial(_let_go, lease))
+        response._resource_closers.append(functools.partial(let_go, lease))
     return response
 
 
@@ -510,13 +504,13 @@ def _guarded(
                 refused.send(**_refused_arguments(sender, request, guard, selectors, decision))
                 if guard.block:
                     for lease in leases:
-                        _let_go(lease)
+                        let_go(lease)
                     return _refusal(current, request, decision)
             passed.append((guard, limiter, selectors, decision))
         response = call()
     except BaseException:
         for lease in leases:
-            _let_go(lease)
+            let_go(lease)
         raise
     decisions = []
     for guard, limiter, selectors, decision in passed:
@@ -559,12 +553,14 @@ async def _guarded_async(
                 else:
                     refused.send(**arguments)
                 if guard.block:
-                    await _let_go_async(leases)
+                    for lease in leases:
+                        await let_go_async(lease)
                     return _refusal(current, request, decision)
             passed.append((guard, limiter, selectors, decision))
         response = await call()
     except BaseException:
-        await _let_go_async(leases)
+        for lease in leases:
+            await let_go_async(lease)
         raise
     decisions = []
     for guard, limiter, selectors, decision in passed:
@@ -575,13 +571,6 @@ async def _guarded_async(
     # right.
     return _hold_until_closed(_finish(current, response, decisions), leases)
 
-
-async def _let_go_async(leases: list[Lease]) -> None:
-    for lease in leases:
-        try:
-            await lease.release_async()
-        except SluiceError:
-            pass
 
 
 def ratelimit(

@@ -87,8 +87,8 @@ from blinker import Namespace
 from flask import Flask, Request, Response, current_app, g, request
 from werkzeug.exceptions import TooManyRequests
 
-from ._errors import SluiceError
 from ._keys import KeyMap, Source, methods
+from ._leases import let_go, takes_leases
 from ._sluice import ClientIp, Decision, Lease, Limiter
 
 __all__ = ["RateLimited", "Sluice", "refused"]
@@ -130,16 +130,13 @@ class _AppState:
     def __init__(self, limiter: Limiter):
         self.limiter = limiter
         self.default_keys: dict[str, KeyMap] = {}
-        self._concurrent: dict[str, bool] = {}
+        self._concurrent: dict[tuple[str, int], bool] = {}
 
     def concurrent(self, policy: str, cost: int) -> bool:
         """Whether `policy` takes a lease per request (its rule has a concurrency leaf)."""
-        known = self._concurrent.get(policy)
+        known = self._concurrent.get((policy, cost))
         if known is None:
-            known = self._concurrent[policy] = self.limiter.concurrent(policy)
-        if known and cost != 1:
-            raise ValueError(f"policy {policy!r} has a concurrency leaf: a request takes one "
-                             f"slot, so cost must be 1 (got {cost})")
+            known = self._concurrent[(policy, cost)] = takes_leases(self.limiter, policy, cost)
         return known
 
 
@@ -286,7 +283,7 @@ class Sluice:
                     try:
                         answer = await view(*args, **kwargs)
                     except BaseException:
-                        _let_go(lease)
+                        let_go(lease)
                         raise
                     return _hold_until_closed(answer, lease)
 
@@ -302,7 +299,7 @@ class Sluice:
                 try:
                     answer = view(*args, **kwargs)
                 except BaseException:
-                    _let_go(lease)
+                    let_go(lease)
                     raise
                 return _hold_until_closed(answer, lease)
 
@@ -347,19 +344,11 @@ class Sluice:
         return state
 
 
-def _let_go(lease: Lease) -> None:
-    """Releases `lease`; a store that cannot answer leaves it to expire at its lease time."""
-    try:
-        lease.release()
-    except SluiceError:
-        pass
-
-
 def _hold_until_closed(answer: Any, lease: Lease) -> Response:
     """The view's answer as a response that releases `lease` when the server closes it: once
     sent, a streamed response after its last chunk."""
     response = current_app.make_response(answer)
-    response.call_on_close(functools.partial(_let_go, lease))
+    response.call_on_close(functools.partial(let_go, lease))
     return response
 
 

@@ -95,6 +95,7 @@ from tornado.web import Application, HTTPError, RequestHandler
 
 from ._errors import MissingSelector, SluiceError
 from ._keys import KeyMap, Source, methods
+from ._leases import let_go_async, takes_leases
 from ._sluice import ClientIp, Decision, Lease, Limiter
 
 __all__ = ["RateLimited", "RefusalMixin", "limited", "ratelimit", "write_refusal"]
@@ -156,7 +157,7 @@ class limited:
         self._lease: Optional[Lease] = None
 
     async def __aenter__(self) -> Decision:
-        if _concurrent(self.limiter, self.policy, self.cost):
+        if takes_leases(self.limiter, self.policy, self.cost):
             self._lease = await self.limiter.acquire_async(self.policy, self.selectors)
             return _admitted(self._lease.decision)
         return _admitted(await self.limiter.check_async(self.policy, self.selectors, self.cost))
@@ -168,7 +169,7 @@ class limited:
         return None
 
     def __enter__(self) -> Decision:
-        if _concurrent(self.limiter, self.policy, self.cost):
+        if takes_leases(self.limiter, self.policy, self.cost):
             self._lease = self.limiter.acquire(self.policy, self.selectors)
             return _admitted(self._lease.decision)
         return _admitted(self.limiter.check(self.policy, self.selectors, self.cost))
@@ -178,16 +179,6 @@ class limited:
         if lease is not None:
             lease.__exit__(*exc_info)
         return None
-
-
-def _concurrent(limiter: Limiter, policy: str, cost: int) -> bool:
-    """Whether `policy` takes a lease (its rule has a concurrency leaf) instead of a check."""
-    if not limiter.concurrent(policy):
-        return False
-    if cost != 1:
-        raise ValueError(f"policy {policy!r} has a concurrency leaf: a request takes one "
-                         f"slot, so cost must be 1 (got {cost})")
-    return True
 
 
 def _admitted(decision: Decision) -> Decision:
@@ -279,7 +270,7 @@ async def _decide(
             )
     key_map, trusting = keys.for_application(handler.application)
     selectors = key_map.selectors(_View(handler, trusting), handler)
-    if _concurrent(limiter, policy, cost):
+    if takes_leases(limiter, policy, cost):
         lease = await limiter.acquire_async(policy, selectors)
         return lease.decision, (lease if lease else None)
     return await limiter.check_async(policy, selectors, cost), None
@@ -294,17 +285,9 @@ def _release_on_finish(handler: RequestHandler, lease: Lease) -> None:
         try:
             finishing()
         finally:
-            asyncio.ensure_future(_let_go(lease))
+            asyncio.ensure_future(let_go_async(lease))
 
     handler.on_finish = on_finish  # type: ignore[method-assign]
-
-
-async def _let_go(lease: Lease) -> None:
-    """Releases `lease`; a store that cannot answer leaves it to expire at its lease time."""
-    try:
-        await lease.release_async()
-    except SluiceError:
-        pass
 
 
 def _note(handler: RequestHandler, decision: Decision, block: bool) -> None:
