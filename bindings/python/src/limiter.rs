@@ -323,19 +323,13 @@ impl Limiter {
     /// Whether a policy's rule has a concurrency leaf: it is taken with `acquire`, not
     /// `check`.
     fn concurrent(&self, py: Python<'_>, policy: &str) -> PyResult<bool> {
-        let policy = self
-            .threads
-            .policy(policy)
-            .ok_or_else(|| limiter_error(py, &sluice_limiter::Error::unknown_policy(policy)))?;
+        let policy = self.compiled(py, policy)?;
         Ok(policy.leaves.iter().any(|leaf| leaf.leaf.is_concurrency()))
     }
 
     /// The selector names a policy's rule uses, sorted.
     fn selectors(&self, py: Python<'_>, policy: &str) -> PyResult<Vec<String>> {
-        let policy = self
-            .threads
-            .policy(policy)
-            .ok_or_else(|| limiter_error(py, &sluice_limiter::Error::unknown_policy(policy)))?;
+        let policy = self.compiled(py, policy)?;
         let mut names: Vec<String> = policy
             .leaves
             .iter()
@@ -387,6 +381,13 @@ enum Mode {
 }
 
 impl Limiter {
+    /// The compiled policy named `name`, or `UnknownPolicy`.
+    fn compiled(&self, py: Python<'_>, name: &str) -> PyResult<sluice_limiter::PolicyRef> {
+        self.threads
+            .policy(name)
+            .ok_or_else(|| limiter_error(py, &sluice_limiter::Error::unknown_policy(name)))
+    }
+
     /// Where the leases and reservations a Python thread takes run.
     fn thread_side(&self) -> Side {
         match &self.runtime {
